@@ -1,0 +1,41 @@
+"""The clipped importance-ratio surrogate shared by ppo_clip, gspo and gspo_token.
+
+This is the one place where ratio/clip arithmetic happens, so that `kernels/` can replace it with a
+fused kernel; this jnp version stays as the reference the kernel is tested against.
+"""
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+
+def clipped_surrogate(
+    log_ratio: Float[Array, "*units"],
+    advantages: Float[Array, "*units"],
+    eps_low: float,
+    eps_high: float,
+    delta: float | None = None,
+    clip_c: float | None = None,
+) -> tuple[Float[Array, "*units"], Bool[Array, "*units"], Bool[Array, "*units"]]:
+    """PPO-style clipped surrogate on a log-ratio, elementwise (tokens or sequences alike).
+
+    With r = exp(log_ratio), rho = min(r, delta) if `delta` else r, and c(r) = clip(r, 1 - eps_low,
+    1 + eps_high), the unit loss is u = -min(rho * A, c(r) * A); with dual clip (`clip_c`, used only
+    where A < 0) u = min(u, -clip_c * A). Gradients flow through log_ratio (callers decide what it
+    depends on: token D for ppo_clip, mean D for gspo, a stop-gradient mix for gspo_token).
+
+    Returns (u, clipped_low, clipped_high): the flags mark units whose clipped branch is active, i.e.
+    whose gradient the clip removed: low = A < 0 and r < 1 - eps_low; high = A > 0 and r > 1 + eps_high,
+    or (dual clip) A < 0 and rho > clip_c. All float32; no masking here (callers pass D = 0 where
+    masked so exp never overflows on padding).
+    """
+    ratio = jnp.exp(log_ratio)
+    rho = ratio if delta is None else jnp.minimum(ratio, delta)
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    u = jnp.maximum(-rho * advantages, -clipped * advantages)
+    low = (advantages < 0) & (ratio < 1.0 - eps_low)
+    high = (advantages > 0) & (ratio > 1.0 + eps_high)
+    if clip_c is not None:
+        dual = (advantages < 0) & (rho > clip_c)
+        u = jnp.where(dual, -clip_c * advantages, u)
+        high = high | dual
+    return u, low, high
