@@ -1,0 +1,135 @@
+"""Rollouts: jitted prefill + decode over a static KV cache; the G samples of a prompt share its prefill.
+
+`generate` prefills each distinct prompt once, repeats its cache G times along the batch and decodes the
+P*G rows in one `jax.lax.while_loop` that exits as soon as every row has emitted a stop token. Every
+row draws from its own key, derived from (rng, prompt index, sample index, step), so a seed gives the
+same samples whatever the batch composition or the sharding.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from grpo_jax.config import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Left-padded prompt token ids: row p holds its `lengths[p]` tokens at the end of the row."""
+
+    tokens: Int[Array, "prompt prompt_len"]
+    lengths: Int[Array, "prompt"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """Completions, group-major: row p*G + g is sample g of prompt p.
+
+    `logprobs[b, t]` is log softmax(logits / temperature)[tokens[b, t]]: the tempered FULL distribution,
+    before top-k / top-p truncation, because that is what the trainer recomputes as l^old from
+    logits / temperature; under truncation it is not the density the token was drawn from. `mask` is 1 on
+    the completion tokens, the stop token included; `tokens` and `logprobs` are 0 past the mask.
+    `truncated` is the finish reason: True when a row hit `max_new_tokens` without a stop token.
+    """
+
+    tokens: Int[Array, "batch new"]
+    mask: Bool[Array, "batch new"]
+    logprobs: Float[Array, "batch new"]
+    lengths: Int[Array, "batch"]
+    truncated: Bool[Array, "batch"]
+
+
+def pad_prompts(token_lists: list[list[int]], sampling_cfg: SamplingConfig) -> Prompts:
+    """Left-pads token id lists to `sampling_cfg.max_prompt_len` (host side, checked before compiling)."""
+    width = sampling_cfg.max_prompt_len
+    for i, ids in enumerate(token_lists):
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS id)")
+        if len(ids) > width:
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens > SamplingConfig.max_prompt_len={width}: "
+                "raise max_prompt_len or truncate the prompt"
+            )
+    tokens = [[0] * (width - len(ids)) + list(ids) for ids in token_lists]
+    return Prompts(jnp.asarray(tokens, jnp.int32), jnp.asarray([len(ids) for ids in token_lists], jnp.int32))
+
+
+def row_keys(rng: Key[Array, ""], num_prompts: int, group_size: int) -> Key[Array, "batch"]:
+    """One key per (prompt, sample) row, group-major; independent of how many rows are drawn at once."""
+    prompt_idx = jnp.repeat(jnp.arange(num_prompts), group_size)
+    sample_idx = jnp.tile(jnp.arange(group_size), num_prompts)
+    return jax.vmap(lambda p, g: jax.random.fold_in(jax.random.fold_in(rng, p), g))(prompt_idx, sample_idx)
+
+
+def truncate(logits: Float[Array, "batch vocab"], sampling_cfg: SamplingConfig) -> Float[Array, "batch vocab"]:
+    """Top-k, then top-p on the top-k renormalized distribution (the `transformers` order); dropped -> -inf.
+
+    Ties at a cut-off are kept. Top-p keeps the smallest prefix of the sorted distribution whose mass
+    reaches `top_p`: a token is kept when the mass strictly above it is below `top_p`.
+    """
+    k, p = sampling_cfg.top_k, sampling_cfg.top_p
+    if k == 0 and p == 1.0:
+        return logits
+    top = jax.lax.top_k(logits, k or logits.shape[-1])[0]  # sorted, descending
+    cutoff = top[:, -1:]
+    if p < 1.0:
+        probs = jax.nn.softmax(top, axis=-1)
+        mass_above = jnp.cumsum(probs, axis=-1) - probs
+        keep = jnp.sum(mass_above < p, axis=-1, keepdims=True)  # >= 1: the top token is always kept
+        cutoff = jnp.take_along_axis(top, keep - 1, axis=-1)
+    return jnp.where(logits < cutoff, -jnp.inf, logits)
+
+
+def sample(
+    logits: Float[Array, "batch vocab"], keys: Key[Array, "batch"], sampling_cfg: SamplingConfig
+) -> tuple[Int[Array, "batch"], Float[Array, "batch"]]:
+    """Draws one token per row with its own key; returns it with its tempered full-distribution log-prob."""
+    tempered = logits.astype(jnp.float32) / sampling_cfg.temperature
+    if sampling_cfg.greedy:
+        tokens = jnp.argmax(tempered, axis=-1)
+    else:
+        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, tempered.shape[-1:], jnp.float32))(keys)
+        tokens = jnp.argmax(truncate(tempered, sampling_cfg) + gumbel, axis=-1)
+    logprobs = jnp.take_along_axis(jax.nn.log_softmax(tempered, axis=-1), tokens[:, None], axis=-1)[:, 0]
+    return tokens.astype(jnp.int32), logprobs
+
+
+def decode(step, carry, logits, keys: Key[Array, "batch"], stop_ids: tuple[int, ...], sampling_cfg: SamplingConfig) -> Rollout:
+    """Samples up to `max_new_tokens` per row; `step(carry, tokens, t) -> (logits, carry)` feeds token t.
+
+    `logits` are those for the first new token (from the prefill). The loop stops as soon as every row
+    has emitted one of `stop_ids`; finished rows keep running in lock-step (static shapes) but their
+    outputs are masked.
+    """
+    batch, steps = keys.shape[0], sampling_cfg.max_new_tokens
+    stop = jnp.asarray(stop_ids, jnp.int32)
+
+    def emit(state, logits, t):
+        tokens, logprobs, lengths, done = state
+        token, logprob = sample(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, t), sampling_cfg)
+        live = ~done
+        tokens = tokens.at[:, t].set(jnp.where(live, token, 0))
+        logprobs = logprobs.at[:, t].set(jnp.where(live, logprob, 0.0))
+        return (tokens, logprobs, lengths + live, done | (live & jnp.isin(token, stop))), token
+
+    out = (jnp.zeros((batch, steps), jnp.int32), jnp.zeros((batch, steps), jnp.float32),
+           jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
+    out, token = emit(out, logits, 0)
+
+    def body(loop):
+        t, out, token, carry = loop
+        logits, carry = step(carry, token, t - 1)
+        out, token = emit(out, logits, t)
+        return t + 1, out, token, carry
+
+    def cond(loop):
+        t, (_, _, _, done), _, _ = loop
+        return (t < steps) & ~jnp.all(done)
+
+    _, (tokens, logprobs, lengths, done), _, _ = jax.lax.while_loop(cond, body, (1, out, token, carry))
+    mask = jnp.arange(steps) < lengths[:, None]
+    return Rollout(tokens, mask, logprobs, lengths, ~done)

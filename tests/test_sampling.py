@@ -1,0 +1,118 @@
+"""Sampler pieces that need no model: truncation, token draws (chi-square), stop logic, prompt checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from grpo_jax.config import SamplingConfig
+from grpo_jax.sampling import decode, pad_prompts, row_keys, sample
+
+LOGITS = np.array([2.0, 1.5, 1.1, 0.6, 0.2, -0.3, -0.9, -1.6])  # distinct: cut-offs are unambiguous
+DRAWS = 40_000
+
+
+def analytic(temperature=1.0, top_k=0, top_p=1.0):
+    """float64 reference: tempered softmax, keep the top k, then the smallest prefix with mass >= top_p."""
+    probs = np.exp(LOGITS / temperature - np.max(LOGITS / temperature))
+    probs /= probs.sum()
+    order = np.argsort(-probs)
+    kept = order[: top_k or len(probs)]
+    renorm = probs[kept] / probs[kept].sum()
+    above = np.cumsum(renorm) - renorm
+    kept = kept[above < top_p]
+    out = np.zeros_like(probs)
+    out[kept] = probs[kept] / probs[kept].sum()
+    return out
+
+
+def chi2(counts, expected_probs):
+    """Pearson statistic over the support of `expected_probs`; inf if a token outside it was drawn."""
+    support = expected_probs > 0
+    if counts[~support].any():
+        return np.inf
+    expected = expected_probs[support] * counts.sum()
+    return float(np.sum((counts[support] - expected) ** 2 / expected))
+
+
+def draw(scfg):
+    logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (DRAWS, len(LOGITS)))
+    keys = row_keys(jax.random.key(0), DRAWS, 1)
+    tokens, logprobs = jax.jit(sample, static_argnums=2)(logits, keys, scfg)
+    return np.bincount(np.asarray(tokens), minlength=len(LOGITS)), np.asarray(logprobs), np.asarray(tokens)
+
+
+# (settings, plausible bugs that must be rejected by the same test)
+CASES = [
+    (dict(temperature=0.6), [dict(temperature=1.0), dict(temperature=0.5)]),
+    (dict(temperature=1.0, top_k=3), [dict(top_k=2), dict(top_k=4), dict()]),
+    (dict(temperature=1.0, top_p=0.7), [dict(top_p=0.5), dict(), dict(top_k=2)]),
+    (dict(temperature=1.5, top_k=5, top_p=0.8),
+     [dict(temperature=1.5, top_p=0.8), dict(temperature=1.5, top_k=5), dict(top_k=5, top_p=0.8)]),
+]
+
+
+@pytest.mark.parametrize("settings,bugs", CASES)
+def test_token_frequencies_match_the_analytic_distribution(settings, bugs):
+    counts, logprobs, tokens = draw(SamplingConfig(**settings))
+    df = int((analytic(**settings) > 0).sum()) - 1
+    critical = stats.chi2.ppf(1 - 1e-3, df)
+    assert chi2(counts, analytic(**settings)) < critical
+    for bug in bugs:  # the sample size is large enough that each wrong implementation fails
+        assert chi2(counts, analytic(**bug)) > critical, bug
+    # the reported log-prob is under the tempered FULL distribution, whatever the truncation
+    tempered = LOGITS / settings["temperature"]
+    full = tempered - np.log(np.sum(np.exp(tempered)))
+    np.testing.assert_allclose(logprobs, full[tokens], rtol=0, atol=1e-6)
+
+
+def test_greedy_takes_the_argmax_and_reports_the_tempered_logprob():
+    logits = jax.random.normal(jax.random.key(1), (5, 11))
+    tokens, logprobs = sample(logits, row_keys(jax.random.key(0), 5, 1), SamplingConfig(greedy=True, temperature=2.0))
+    np.testing.assert_array_equal(tokens, np.argmax(logits, -1))
+    np.testing.assert_allclose(logprobs, np.max(jax.nn.log_softmax(logits / 2.0), -1), atol=1e-6)
+
+
+def test_row_keys_depend_only_on_prompt_and_sample_index():
+    rng = jax.random.key(3)
+    small, big = row_keys(rng, 2, 3), row_keys(rng, 5, 3)
+    np.testing.assert_array_equal(jax.random.key_data(small), jax.random.key_data(big[:6]))
+    assert len({tuple(k) for k in np.asarray(jax.random.key_data(big))}) == 15
+
+
+def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
+    """Fake model: greedy next token = previous + 1; rows start at different tokens, 9 is the stop id."""
+    vocab, calls = 12, []
+
+    def step(carry, tokens, t):
+        jax.debug.callback(lambda: calls.append(1))
+        return jax.nn.one_hot((tokens + 1) % vocab, vocab) * 10.0, carry
+
+    scfg = SamplingConfig(greedy=True, max_new_tokens=8)
+    first = jax.nn.one_hot(jnp.array([7, 4, 9, 8]), vocab) * 10.0
+    out = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 4, 1), (9,), scfg)
+    np.testing.assert_array_equal(out.lengths, [3, 6, 1, 2])
+    np.testing.assert_array_equal(out.truncated, [False] * 4)
+    np.testing.assert_array_equal(out.tokens[1], [4, 5, 6, 7, 8, 9, 0, 0])
+    np.testing.assert_array_equal(out.mask[1], [1, 1, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(out.logprobs[1, 6:], 0.0)
+    assert len(calls) == 5  # the loop ends when the slowest row has stopped, not at max_new_tokens
+
+    calls.clear()
+    out = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 4, 1), (2,), scfg)
+    np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last slot: not truncated
+    np.testing.assert_array_equal(out.truncated, [False, True, False, False])
+    assert len(calls) == 7
+
+
+@pytest.mark.parametrize("prompts,message", [([[1, 2], []], "prompt 1 is empty"), ([[1] * 5], "max_prompt_len=4")])
+def test_bad_prompts_are_rejected_before_compiling(prompts, message):
+    with pytest.raises(ValueError, match=message):
+        pad_prompts(prompts, SamplingConfig(max_prompt_len=4))
+
+
+def test_pad_prompts_left_pads():
+    p = pad_prompts([[5, 6], [7, 8, 9]], SamplingConfig(max_prompt_len=4))
+    np.testing.assert_array_equal(p.tokens, [[0, 0, 5, 6], [0, 7, 8, 9]])
+    np.testing.assert_array_equal(p.lengths, [2, 3])
