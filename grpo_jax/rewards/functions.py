@@ -1,0 +1,112 @@
+"""Reward functions and their registry.
+
+A reward function is `fn(prompt, completion, example, **kwargs) -> float`, a plain module-level
+function (it is pickled by reference into the worker processes of `scoring.score`). `example` is the
+task's dict ("answer" always; "numbers"/"target" for countdown). Length-based terms receive
+`completion_len` (tokens) from `score` and their limits are bound by `RewardConfig.functions`.
+Adding a reward is one function and one line in `REWARDS`.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+from grpo_jax.rewards import answers
+
+RewardFn = Callable[..., float]
+
+
+def exact_match(prompt: str, completion: str, example: dict, **_) -> float:
+    """1 if the extracted answer is the reference string exactly (after stripping whitespace)."""
+    return float(answers.extract_answer(completion) == example["answer"].strip())
+
+
+def math_equal(prompt: str, completion: str, example: dict, **_) -> float:
+    """1 if the extracted answer equals the reference numerically or symbolically."""
+    return float(answers.answers_match(answers.extract_answer(completion), example["answer"]))
+
+
+def answer_format(prompt: str, completion: str, example: dict, **_) -> float:
+    """1 if the completion marks its final answer (\\boxed{}, <answer></answer> or "#### ")."""
+    return float(answers.marked_answer(completion) is not None)
+
+
+def countdown(prompt: str, completion: str, example: dict, **_) -> float:
+    """1 if the final expression uses each given number exactly once and equals the target.
+
+    The expression is the last <answer>...</answer> if present, else the last line; a trailing
+    "= target" is allowed."""
+    marked = answers.marked_answer(completion)
+    lines = completion.strip().splitlines()
+    expression = (marked if marked is not None else lines[-1] if lines else "").split("=")[0]
+    try:
+        value, used = answers.evaluate(expression)
+    except (ValueError, ZeroDivisionError):
+        return 0.0
+    return float(sorted(used) == sorted(example["numbers"]) and value == example["target"])
+
+
+def length_penalty(prompt: str, completion: str, example: dict, *, completion_len: int, max_len: int, **_) -> float:
+    """-L / L_max: a linear cost on length (its weight sets the strength)."""
+    return -completion_len / max_len
+
+
+def overlong_penalty(
+    prompt: str, completion: str, example: dict, *, completion_len: int, max_len: int, buffer: int, kappa: float, **_
+) -> float:
+    """DAPO soft overlong punishment: 0 up to L_max - B, then linear down to -kappa at L_max, -kappa past it."""
+    soft_limit = max_len - buffer
+    if completion_len <= soft_limit:
+        return 0.0
+    if completion_len <= max_len:
+        return (soft_limit - completion_len) / buffer * kappa
+    return -kappa
+
+
+REWARDS: dict[str, RewardFn] = {
+    "exact": exact_match,
+    "math": math_equal,
+    "format": answer_format,
+    "countdown": countdown,
+    "length": length_penalty,
+    "overlong": overlong_penalty,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """Which rewards a run uses and how they are run. `weights[k]` multiplies `names[k]`; the
+    algorithm combines them (sum then normalize, or normalize then sum). A call slower than
+    `timeout_s` scores 0 and is counted; `num_workers` processes score in parallel."""
+
+    names: tuple[str, ...] = ("math",)
+    weights: tuple[float, ...] = (1.0,)
+    timeout_s: float = 5.0
+    num_workers: int = 2
+    overlong_buffer: int = 0  # DAPO B, in tokens; needed by "overlong"
+    overlong_kappa: float = 1.0  # DAPO kappa: the penalty at and past the length limit
+
+    def __post_init__(self):
+        unknown = [n for n in self.names if n not in REWARDS]
+        if unknown:
+            raise ValueError(f"RewardConfig.names: unknown reward(s) {unknown}; choose from {sorted(REWARDS)}")
+        if len(self.weights) != len(self.names):
+            raise ValueError(
+                f"RewardConfig.weights has {len(self.weights)} entries for {len(self.names)} names; give one weight per name"
+            )
+        if self.timeout_s <= 0 or self.num_workers < 1:
+            raise ValueError("RewardConfig.timeout_s must be > 0 and RewardConfig.num_workers >= 1")
+        if "overlong" in self.names and self.overlong_buffer <= 0:
+            raise ValueError("RewardConfig.overlong_buffer must be > 0 (DAPO B, in tokens) when 'overlong' is used")
+
+    def functions(self, max_len: int) -> tuple[RewardFn, ...]:
+        """The reward functions, with the length limit `max_len` (SamplingConfig.max_new_tokens) bound."""
+        if "overlong" in self.names and not 0 < self.overlong_buffer <= max_len:
+            raise ValueError(
+                f"RewardConfig.overlong_buffer={self.overlong_buffer} must be <= the completion limit {max_len}"
+            )
+        bound = {
+            "length": dict(max_len=max_len),
+            "overlong": dict(max_len=max_len, buffer=self.overlong_buffer, kappa=self.overlong_kappa),
+        }
+        return tuple(functools.partial(REWARDS[n], **bound[n]) if n in bound else REWARDS[n] for n in self.names)
