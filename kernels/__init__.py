@@ -1,0 +1,11 @@
+"""grpo_jax's fused kernels, each with a plain-jnp reference beside it.
+
+This is the project's own top-level `kernels` package, not Hugging Face's PyPI package of the same
+name; `GRPO_JAX_KERNELS` marks it so that a test (and a user) can tell which one was imported.
+"""
+
+from kernels.logprobs import fused_logprobs, logprobs_reference
+
+GRPO_JAX_KERNELS = True
+
+__all__ = ["GRPO_JAX_KERNELS", "fused_logprobs", "logprobs_reference"]

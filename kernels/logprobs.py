@@ -1,0 +1,258 @@
+"""Log-probabilities (and entropies) of target tokens without materializing [N, V] logits.
+
+In GRPO training the largest tensor is the [tokens, vocab] logits (Qwen's vocabulary 151,936 at
+8k tokens: ~5 GB in float32, twice that with its gradient). `fused_logprobs` computes
+log softmax(hidden @ unembed / T)[target] and the entropy tile by tile with an online
+log-sum-exp; its custom VJP recomputes the tiles, so memory is O(N d + d V) instead of O(N V).
+
+Implementations (`impl`):
+  "naive"   full logits, plain autodiff: the reference, `logprobs_reference`.
+  "chunked" jnp scans over token and vocabulary chunks (default on CPU).
+  "pallas"  Pallas kernels (default on TPU/GPU; interpreted on CPU, for tests).
+
+Tied embeddings: pass the [V, d] embedding table itself with `transposed=True`; nothing is copied.
+(Passing `embed.T` with transposed=False is also correct, but XLA may materialize the transpose.)
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from kernels import _tile
+
+IMPLS = ("naive", "chunked", "pallas")
+
+
+def logprobs_reference(
+    hidden: Float[Array, "N d"],
+    unembed: Float[Array, "d V"] | Float[Array, "V d"],
+    targets: Int[Array, "N"],
+    temperature: float,
+    mask: Bool[Array, "N"],
+    transposed: bool = False,
+) -> tuple[Float[Array, "N"], Float[Array, "N"]]:
+    """Full-logits (log-prob, entropy); the reference every fused path is tested against."""
+    z = _tile.logits(hidden, unembed, 1.0 / temperature, transposed)
+    logp_all = jax.nn.log_softmax(z, axis=-1)
+    logp = jnp.take_along_axis(logp_all, targets[:, None], axis=-1)[:, 0]
+    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return jnp.where(mask, logp, 0.0), jnp.where(mask, ent, 0.0)
+
+
+def fused_logprobs(
+    hidden: Float[Array, "N d"],
+    unembed: Float[Array, "d V"] | Float[Array, "V d"],
+    targets: Int[Array, "N"],
+    temperature: float,
+    *,
+    mask: Bool[Array, "N"] | None = None,
+    return_entropy: bool = False,
+    impl: str | None = None,
+    transposed: bool = False,
+    token_tile: int = 256,
+    vocab_tile: int = 2048,
+) -> Float[Array, "N"] | tuple[Float[Array, "N"], Float[Array, "N"]]:
+    """log p(targets) under softmax(hidden @ unembed / temperature), float32 [N]; with
+    `return_entropy`, also the entropy of each row's distribution [N]. Both differentiate w.r.t.
+    hidden and unembed. Masked rows (mask False) give 0 and get zero gradient; their targets
+    are ignored. `temperature` is a Python float (the sampling config's), static under jit.
+    `transposed=True` means unembed is [V, d] (a tied embedding table, passed as is)."""
+    impl = impl or ("chunked" if jax.default_backend() == "cpu" else "pallas")
+    _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile)
+    if mask is None:
+        mask = jnp.ones(targets.shape, bool)
+    targets = jnp.where(mask, targets, 0)
+    if impl == "naive":
+        logp, ent = logprobs_reference(hidden, unembed, targets, temperature, mask, transposed)
+    else:
+        plan = _Plan(
+            impl=impl,
+            inv_temp=1.0 / temperature,
+            token_tile=token_tile,
+            vocab_tile=vocab_tile,
+            transposed=transposed,
+            entropy=return_entropy,
+        )
+        logp, ent = _fused(plan, hidden, unembed, targets, mask)
+    return (logp, ent) if return_entropy else logp
+
+
+def _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile):
+    """User errors, raised before anything compiles."""
+    if impl not in IMPLS:
+        raise ValueError(f"fused_logprobs: impl={impl!r}; choose one of {IMPLS}")
+    if hidden.ndim != 2 or unembed.ndim != 2:
+        raise ValueError(
+            f"fused_logprobs: hidden must be [N, d] and unembed [d, V] (or [V, d] with "
+            f"transposed=True); got {hidden.shape} and {unembed.shape}: flatten batch and seq first"
+        )
+    d = unembed.shape[1] if transposed else unembed.shape[0]
+    if hidden.shape[1] != d:
+        hint = "" if transposed else " (a tied [V, d] embedding table needs transposed=True)"
+        raise ValueError(
+            f"fused_logprobs: hidden {hidden.shape} and unembed {unembed.shape} disagree on "
+            f"d_model{hint}"
+        )
+    if targets.shape != hidden.shape[:1] or not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise ValueError(
+            f"fused_logprobs: targets must be integer [N={hidden.shape[0]}]; got {targets.dtype}"
+            f"{targets.shape}"
+        )
+    if mask is not None and mask.shape != targets.shape:
+        raise ValueError(f"fused_logprobs: mask {mask.shape} must match targets {targets.shape}")
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        raise ValueError(
+            f"fused_logprobs: temperature must be a positive Python float; got {temperature!r}"
+        )
+    if token_tile < 1 or vocab_tile < 1:
+        raise ValueError(f"fused_logprobs: tiles must be >= 1; got {token_tile}, {vocab_tile}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything static about one fused call (hashable: a custom_vjp nondiff argument)."""
+
+    impl: str
+    inv_temp: float
+    token_tile: int
+    vocab_tile: int
+    transposed: bool
+    entropy: bool
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(plan, hidden, unembed, targets, mask):
+    return _fused_fwd(plan, hidden, unembed, targets, mask)[0]
+
+
+def _fused_fwd(plan, hidden, unembed, targets, mask):
+    lse, ez, zt = _forward_fn(plan)(plan, hidden, unembed, targets, mask)
+    logp = jnp.where(mask, zt - lse, 0.0)
+    ent = jnp.where(mask, lse - ez, 0.0)
+    return (logp, ent), (hidden, unembed, targets, mask, lse, ez)
+
+
+def _fused_bwd(plan, residuals, cotangents):
+    hidden, unembed, targets, mask, lse, ez = residuals
+    g_logp, g_ent = (jnp.where(mask, g, 0.0).astype(jnp.float32) for g in cotangents)
+    g_ent = g_ent if plan.entropy else None
+    dh, dw = _backward_fn(plan)(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent)
+    return dh.astype(hidden.dtype), dw.astype(unembed.dtype), None, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _forward_fn(plan):
+    if plan.impl == "pallas":
+        from kernels import logprobs_pallas  # noqa: PLC0415  (Pallas is imported only when used)
+
+        return logprobs_pallas.forward
+    return _chunked_forward
+
+
+def _backward_fn(plan):
+    if plan.impl == "pallas":
+        from kernels import logprobs_pallas  # noqa: PLC0415
+
+        return logprobs_pallas.backward
+    return _chunked_backward
+
+
+# ----------------------------------------------------------------------------- chunked jnp path
+# Vocabulary chunks are never padded (that would copy unembed): the last chunk starts at V - tv
+# and its columns already seen by the previous chunk are masked out. Token rows are padded
+# (O(N d), cheap) and token chunks whose rows are all masked are skipped.
+
+
+def _vocab_chunk(plan, unembed, j, tv):
+    """(w chunk, its column ids [tv], which of them are new in chunk j [tv])."""
+    v = unembed.shape[0] if plan.transposed else unembed.shape[1]
+    start = jnp.minimum(j * tv, v - tv)
+    w = jax.lax.dynamic_slice_in_dim(unembed, start, tv, axis=0 if plan.transposed else 1)
+    cols = start + jnp.arange(tv)
+    return w, cols, cols >= j * tv
+
+
+def _tiles(plan, hidden, unembed):
+    n, v = hidden.shape[0], unembed.shape[0 if plan.transposed else 1]
+    tn, tv = min(plan.token_tile, n), min(plan.vocab_tile, v)
+    return tn, tv, -(-n // tn), -(-v // tv)
+
+
+def _rows(tn, nt, *arrays):
+    """Pad rows to nt * tn and split them into [nt, tn, ...] chunks."""
+    pad = nt * tn - arrays[0].shape[0]
+    return [
+        jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(nt, tn, *a.shape[1:])
+        for a in arrays
+    ]
+
+
+def _chunked_forward(plan, hidden, unembed, targets, mask):
+    tn, tv, nt, nv = _tiles(plan, hidden, unembed)
+
+    def token_chunk(args):
+        h, t, m = args
+
+        def compute():
+            def vocab_step(stats, j):
+                w, cols, fresh = _vocab_chunk(plan, unembed, j, tv)
+                z = _tile.logits(h, w, plan.inv_temp, plan.transposed)
+                hit = cols[None, :] == t
+                return _tile.update_stats(stats, z, fresh[None, :], hit), None
+
+            stats, _ = jax.lax.scan(vocab_step, _tile.init_stats(tn), jnp.arange(nv))
+            return _tile.finish_stats(stats)
+
+        return jax.lax.cond(m.any(), compute, lambda: (jnp.zeros((tn, 1), jnp.float32),) * 3)
+
+    outs = jax.lax.map(token_chunk, _rows(tn, nt, hidden, targets[:, None], mask[:, None]))
+    return tuple(o.reshape(-1)[: hidden.shape[0]] for o in outs)
+
+
+def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent):
+    """Outer loop over vocabulary chunks (each gradient chunk of unembed is summed over all
+    tokens in float32 and written once), inner loop over token chunks."""
+    tn, tv, nt, nv = _tiles(plan, hidden, unembed)
+    per_row = [targets, mask, lse, ez, g_logp] + ([g_ent] if g_ent is not None else [])
+    rows = _rows(tn, nt, hidden, *(a[:, None] for a in per_row))
+    vaxis = 0 if plan.transposed else 1
+
+    def vocab_step(carry, j):
+        dh, dw = carry
+        w, cols, fresh = _vocab_chunk(plan, unembed, j, tv)
+
+        def token_step(dw_chunk, row):
+            h, t, m, lse_c, ez_c, gl, *ge = row
+
+            def compute():
+                z = _tile.logits(h, w, plan.inv_temp, plan.transposed)
+                hit = cols[None, :] == t
+                dz = _tile.dlogits(
+                    z, lse_c, ez_c, gl, ge[0] if ge else None, fresh[None, :], hit, plan.inv_temp
+                )
+                return _tile.grad_hidden(dz, w, plan.transposed), _tile.grad_unembed(
+                    h, dz, plan.transposed
+                )
+
+            def skip():
+                return jnp.zeros(h.shape, jnp.float32), jnp.zeros(dw_chunk.shape, jnp.float32)
+
+            dh_rows, dw_rows = jax.lax.cond(m.any(), compute, skip)
+            return dw_chunk + dw_rows, dh_rows
+
+        dw_chunk, dh_parts = jax.lax.scan(token_step, jnp.zeros(w.shape, jnp.float32), rows)
+        start = jnp.minimum(j * tv, unembed.shape[vaxis] - tv)
+        old = jax.lax.dynamic_slice_in_dim(dw, start, tv, axis=vaxis)  # zeros, or the overlap
+        dw = jax.lax.dynamic_update_slice_in_dim(
+            dw, (old.astype(jnp.float32) + dw_chunk).astype(dw.dtype), start, axis=vaxis
+        )
+        return (dh + dh_parts, dw), None
+
+    init = (jnp.zeros((nt, tn, hidden.shape[1]), jnp.float32), jnp.zeros_like(unembed))
+    (dh, dw), _ = jax.lax.scan(vocab_step, init, jnp.arange(nv))
+    return dh.reshape(nt * tn, -1)[: hidden.shape[0]], dw
