@@ -1,0 +1,105 @@
+"""GSM8K- and MATH-format datasets from local files or a local TFDS build, and the grain pipeline.
+
+Every source becomes examples {"prompt", "answer", "solution"}: "answer" is the canonical final
+answer the rewards compare against. Nothing here downloads: files and TFDS data_dir are local.
+"""
+
+import json
+import pathlib
+from collections.abc import Sequence
+
+import grain
+import jax
+
+from grpo_jax.rewards.answers import last_boxed
+
+
+def parse_gsm8k(record: dict) -> dict:
+    """{"question", "answer": "...reasoning...\\n#### 1,234"} -> answer "1234" (commas dropped)."""
+    solution = record["answer"]
+    if "####" not in solution:
+        raise ValueError("GSM8K answer has no '#### <final answer>' line")
+    return {"prompt": record["question"], "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""), "solution": solution}
+
+
+def parse_math(record: dict) -> dict:
+    """{"problem", "solution": "... \\boxed{x} ..."} -> answer "x" (the last \\boxed{})."""
+    answer = last_boxed(record["solution"])
+    if answer is None:
+        raise ValueError("MATH solution has no \\boxed{...} final answer")
+    return {"prompt": record["problem"], "answer": answer, "solution": record["solution"]}
+
+
+FORMATS = {"gsm8k": parse_gsm8k, "math": parse_math}
+
+
+def _parser(format: str):
+    if format not in FORMATS:
+        raise ValueError(f"data format {format!r} is unknown; choose from {sorted(FORMATS)}")
+    return FORMATS[format]
+
+
+def load_examples(path: str | pathlib.Path, format: str) -> list[dict]:
+    """All examples of a local .jsonl or .parquet file in `format` ("gsm8k" or "math")."""
+    path, parse = pathlib.Path(path), _parser(format)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {path} does not exist; give a local .jsonl or .parquet path")
+    if path.suffix == ".jsonl":
+        lines = path.read_text().splitlines()
+        records = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet  # only parquet users need pyarrow
+
+        records = list(enumerate(pyarrow.parquet.read_table(path).to_pylist(), 1))
+    else:
+        raise ValueError(f"dataset file {path}: expected a .jsonl or .parquet suffix")
+    examples = []
+    for n, record in records:
+        try:
+            examples.append(parse(record))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{path} record {n} is not {format} format ({type(e).__name__}: {e})") from e
+    return examples
+
+
+def _decode(record: dict) -> dict:
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in record.items()}
+
+
+def load_tfds(name: str, *, split: str, data_dir: str | pathlib.Path, format: str) -> grain.MapDataset:
+    """A prepared TFDS dataset (array_record files under `data_dir`) read lazily through
+    `tfds.data_source`: no TensorFlow, random access, nothing loaded up front."""
+    import tensorflow_datasets as tfds  # slow import; only TFDS users pay for it
+
+    parse = _parser(format)
+    if not (pathlib.Path(data_dir) / name.split(":")[0]).is_dir():
+        raise FileNotFoundError(f"no TFDS dataset {name!r} under data_dir={data_dir}; prepare it there first")
+    source = tfds.data_source(name, split=split, data_dir=str(data_dir), download=False)
+    return grain.MapDataset.source(source).map(lambda r: parse(_decode(r)))
+
+
+def batches(
+    source: Sequence[dict],
+    *,
+    batch_size: int,
+    seed: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> grain.MapDataset:
+    """This process's prompt batches, endless: element `step` is the list of `batch_size` examples for
+    training step `step`. Resuming is indexing: checkpoint the step, continue at `batches(...)[step]`.
+
+    Every process shuffles the whole source with the same `seed` (a new permutation each epoch) and
+    takes every `process_count`-th element from `process_index`, so processes read disjoint examples
+    and together a global batch of batch_size * process_count. Defaults: jax.process_index/count().
+    """
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if batch_size < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"batches: need batch_size >= 1 and 0 <= process_index < process_count, got "
+                         f"{batch_size}, {process_index}, {process_count}")
+    if len(source) < batch_size * process_count:
+        raise ValueError(f"batches: the source has {len(source)} examples, fewer than one global batch "
+                         f"({batch_size} x {process_count} processes); lower the batch size")
+    shuffled = grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
+    return shuffled[process_index::process_count].batch(batch_size, batch_fn=list)
