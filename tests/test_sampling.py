@@ -13,9 +13,9 @@ LOGITS = np.array([2.0, 1.5, 1.1, 0.6, 0.2, -0.3, -0.9, -1.6])  # distinct: cut-
 DRAWS = 40_000
 
 
-def analytic(temperature=1.0, top_k=0, top_p=1.0):
+def analytic(temperature=1.0, top_k=0, top_p=1.0, logits=LOGITS):
     """float64 reference: tempered softmax, keep the top k, then the smallest prefix with mass >= top_p."""
-    probs = np.exp(LOGITS / temperature - np.max(LOGITS / temperature))
+    probs = np.exp(logits / temperature - np.max(logits / temperature))
     probs /= probs.sum()
     order = np.argsort(-probs)
     kept = order[: top_k or len(probs)]
@@ -36,11 +36,11 @@ def chi2(counts, expected_probs):
     return float(np.sum((counts[support] - expected) ** 2 / expected))
 
 
-def draw(scfg):
-    logits = jnp.broadcast_to(jnp.asarray(LOGITS, jnp.float32), (DRAWS, len(LOGITS)))
+def draw(scfg, logits=LOGITS):
+    batch = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (DRAWS, len(logits)))
     keys = row_keys(jax.random.key(0), DRAWS, 1)
-    tokens, logprobs = jax.jit(sample, static_argnums=2)(logits, keys, scfg)
-    return np.bincount(np.asarray(tokens), minlength=len(LOGITS)), np.asarray(logprobs), np.asarray(tokens)
+    tokens, logprobs = jax.jit(sample, static_argnums=2)(batch, keys, scfg)
+    return np.bincount(np.asarray(tokens), minlength=len(logits)), np.asarray(logprobs), np.asarray(tokens)
 
 
 # (settings, plausible bugs that must be rejected by the same test)
@@ -65,6 +65,17 @@ def test_token_frequencies_match_the_analytic_distribution(settings, bugs):
     tempered = LOGITS / settings["temperature"]
     full = tempered - np.log(np.sum(np.exp(tempered)))
     np.testing.assert_allclose(logprobs, full[tokens], rtol=0, atol=1e-6)
+
+
+def test_frequencies_over_a_vocabulary_of_several_sampling_blocks():
+    """300 tokens: the draw crosses block boundaries (blocks of 128) and a padded last block."""
+    logits = np.random.default_rng(0).permutation(np.linspace(0.0, 2.0, 300))
+    settings = dict(temperature=0.8, top_k=250)
+    counts, _, _ = draw(SamplingConfig(**settings), logits)
+    critical = stats.chi2.ppf(1 - 1e-3, 249)
+    assert chi2(counts, analytic(**settings, logits=logits)) < critical
+    for bug in [dict(temperature=0.8), dict(temperature=0.8, top_k=249), dict(top_k=250)]:
+        assert chi2(counts, analytic(**bug, logits=logits)) > critical, bug
 
 
 def test_greedy_takes_the_argmax_and_reports_the_tempered_logprob():
