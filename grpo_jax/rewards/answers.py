@@ -12,7 +12,7 @@ import re
 
 import math_verify
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+|/\d+)?|-?\.\d+")
 _HASHES = re.compile(r"####\s*([^\n]+)")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FRAC = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$")
@@ -45,7 +45,8 @@ def marked_answer(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The marked answer if any, else the last number in the text (the usual GSM8K fallback)."""
+    """The marked answer if any, else the last number (integer, decimal or a/b) in the text: the
+    usual GSM8K fallback."""
     marked = marked_answer(text)
     if marked is not None:
         return marked

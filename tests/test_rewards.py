@@ -1,0 +1,199 @@
+"""Rewards against hand-computed cases, and the timeout / exception paths of `score`."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax.rewards import REWARDS, RewardConfig, score
+from grpo_jax.rewards import answers, functions, scoring
+
+
+# Module-level so the spawned reward workers can unpickle them by reference.
+def sleepy_reward(prompt, completion, example, **_):
+    time.sleep(60)
+    return 1.0
+
+
+def failing_reward(prompt, completion, example, **_):
+    raise RuntimeError("boom")
+
+
+def pid_reward(prompt, completion, example, **_):
+    return float(os.getpid())
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{\\sqrt{x^{2}}}", "\\sqrt{x^{2}}"),  # the last one, braces balanced
+        ("Total: 1,000 + 234\n#### 1,234", "1,234"),
+        ("<think>2+2</think><answer> 4 </answer>", "4"),
+        ("It was 4 - 11 = -7 degrees", "-7"),  # fallback: the last number
+        ("half, 1/2, so 3.5.", "3.5"),
+        ("no digits here", None),
+        ("\\boxed{unclosed", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert answers.extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "predicted, reference, equal",
+    [
+        ("1/2", "0.5", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\dfrac{-3}{4}", "-0.75", True),
+        ("1,234", "1234", True),
+        ("$18.00", "18", True),
+        ("-7", "-7", True),
+        ("7", "-7", False),
+        ("0.33", "1/3", False),  # exact: no rounding of plain numbers
+        ("5\\sqrt{2}", "\\sqrt{50}", True),  # symbolic, through math-verify
+        ("(x+2)(x-3)", "x^2 - x - 6", True),
+        ("x^2 + x - 6", "x^2 - x - 6", False),
+        (None, "3", False),
+        ("", "3", False),
+    ],
+)
+def test_answers_match(predicted, reference, equal):
+    assert answers.answers_match(predicted, reference) is equal
+
+
+def test_evaluate_is_exact_and_safe():
+    assert answers.evaluate("(13+11)*2 - 6/4") == (pytest.approx(46.5), [13, 11, 2, 6, 4])
+    assert answers.evaluate("1/3 + 1/3 + 1/3")[0] == 1  # Fractions, not floats
+    for bad in ["__import__('os').system('true')", "2**100", "1.5+1", "x+1", "1+", "9" * 300]:
+        with pytest.raises(ValueError):
+            answers.evaluate(bad)
+    with pytest.raises(ZeroDivisionError):
+        answers.evaluate("1/(2-2)")
+
+
+GSM = {"answer": "1234"}
+HALF = {"answer": "0.5"}
+
+
+@pytest.mark.parametrize(
+    "fn, completion, example, expected",
+    [
+        (functions.exact_match, "#### 1234", GSM, 1.0),
+        (functions.exact_match, "#### 1,234", GSM, 0.0),  # exact means exact
+        (functions.math_equal, "#### 1,234", GSM, 1.0),
+        (functions.math_equal, "so \\boxed{\\frac{1}{2}}", HALF, 1.0),
+        (functions.math_equal, "I think 1/2", HALF, 1.0),  # unmarked: the last number
+        (functions.math_equal, "1/2 of 8 is 4", HALF, 0.0),
+        (functions.math_equal, "#### 1235", GSM, 0.0),
+        (functions.math_equal, "the result is -7", {"answer": "-7"}, 1.0),
+        (functions.answer_format, "#### 3", GSM, 1.0),
+        (functions.answer_format, "<answer>3</answer>", GSM, 1.0),
+        (functions.answer_format, "it is 3", GSM, 0.0),
+    ],
+)
+def test_answer_rewards(fn, completion, example, expected):
+    assert fn("q", completion, example) == expected
+
+
+COUNTDOWN = {"answer": "22", "numbers": [3, 5, 7], "target": 22}
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<answer>3*5+7</answer>", 1.0),
+        ("<think>try</think>\n<answer>(7+5)*3-14</answer>", 0.0),  # 14 is not given
+        ("7 + 5 * 3 = 22", 1.0),  # last line, "= target" allowed
+        ("<answer>3*5+7+3</answer>", 0.0),  # 3 used twice
+        ("<answer>5*3+7-0</answer>", 0.0),  # 0 is not given
+        ("<answer>3*5*7</answer>", 0.0),  # uses the numbers, misses the target
+        ("<answer>(7-5)*(3+8)</answer>", 0.0),
+        ("<answer>7/(5-5)</answer>", 0.0),  # division by zero scores 0, no exception
+        ("<answer>__import__('os')</answer>", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_countdown_reward(completion, expected):
+    assert functions.countdown("q", completion, COUNTDOWN) == expected
+
+
+def test_countdown_reward_fractions():
+    example = {"answer": "24", "numbers": [1, 3, 4, 6], "target": 24}
+    assert functions.countdown("q", "<answer>6/(1-3/4)</answer>", example) == 1.0
+
+
+@pytest.mark.parametrize(
+    "length, kappa, expected",  # L_max = 16, B = 4: soft zone (12, 16]
+    [(5, 1.0, 0.0), (12, 1.0, 0.0), (13, 1.0, -0.25), (14, 1.0, -0.5), (16, 1.0, -1.0), (20, 1.0, -1.0), (14, 2.0, -1.0), (30, 2.0, -2.0)],
+)
+def test_overlong_penalty(length, kappa, expected):
+    value = functions.overlong_penalty("q", "c", {}, completion_len=length, max_len=16, buffer=4, kappa=kappa)
+    assert value == pytest.approx(expected)
+
+
+def test_length_penalty():
+    assert functions.length_penalty("q", "c", {}, completion_len=8, max_len=32) == -0.25
+
+
+def test_reward_config_binds_limits_and_validates():
+    cfg = RewardConfig(names=("math", "overlong", "length"), weights=(1.0, 1.0, 0.1), overlong_buffer=4, overlong_kappa=0.5)
+    math_fn, overlong_fn, length_fn = cfg.functions(max_len=16)
+    assert math_fn is REWARDS["math"]
+    assert overlong_fn("q", "c", {}, completion_len=14) == pytest.approx(-0.25)
+    assert length_fn("q", "c", {}, completion_len=4) == -0.25
+    with pytest.raises(ValueError, match="unknown reward"):
+        RewardConfig(names=("mathh",))
+    with pytest.raises(ValueError, match="one weight per name"):
+        RewardConfig(names=("math", "format"), weights=(1.0,))
+    with pytest.raises(ValueError, match="overlong_buffer"):
+        RewardConfig(names=("overlong",), weights=(1.0,))
+    with pytest.raises(ValueError, match="overlong_buffer"):
+        RewardConfig(names=("overlong",), weights=(1.0,), overlong_buffer=64).functions(max_len=32)
+
+
+def test_score_shapes_values_and_metrics():
+    cfg = RewardConfig(names=("math", "format", "overlong"), weights=(1.0, 0.5, 1.0), overlong_buffer=4)
+    completions = ["\\boxed{\\frac{1}{2}}", "#### 1,234", "maybe 7"]
+    examples = [HALF, GSM, {"answer": "-7"}]
+    rewards, metrics = score(
+        cfg.functions(max_len=16), cfg.weights, ["q"] * 3, completions, examples, completion_lens=[3, 14, 20]
+    )
+    assert rewards.dtype == np.float32 and rewards.shape == (3, 3)
+    np.testing.assert_array_equal(rewards, [[1, 1, 0], [1, 1, -0.5], [0, 0, -1]])
+    assert metrics["reward/math_equal/mean"] == pytest.approx(2 / 3)
+    assert metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
+    assert metrics["reward/total_mean"] == pytest.approx((1.5 + 1.0 - 1.0) / 3)
+    assert metrics["reward/errors"] == metrics["reward/timeouts"] == 0
+
+
+def test_score_counts_exceptions_and_bad_inputs():
+    fns = (REWARDS["exact"], failing_reward, lambda *a, **k: 1.0)  # a lambda cannot be pickled
+    rewards, metrics = score(fns, (1.0, 1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 1"], [GSM, GSM])
+    np.testing.assert_array_equal(rewards, [[1, 0, 0], [0, 0, 0]])
+    assert metrics["reward/failing_reward/errors"] == 2
+    assert metrics["reward/<lambda>/errors"] == 2
+    assert metrics["reward/errors"] == 4 and metrics["reward/timeouts"] == 0
+    with pytest.raises(ValueError, match="one entry per completion"):
+        score(fns, (1.0, 1.0, 1.0), ["q"], ["a", "b"], [GSM, GSM])
+    with pytest.raises(ValueError, match="weights"):
+        score(fns, (1.0,), ["q"], ["a"], [GSM])
+
+
+def test_score_timeout_kills_the_worker_and_goes_on():
+    score((pid_reward,), (1.0,), ["q"], ["c"], [GSM])  # make sure the default pool is up
+    before = {w.process.pid for w in scoring._POOLS[2].workers}
+    start = time.monotonic()
+    rewards, metrics = score(
+        (sleepy_reward, REWARDS["exact"]), (1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 9"], [GSM, GSM], timeout_s=1.0
+    )
+    assert time.monotonic() - start < 20  # not the 60 s the reward wanted
+    np.testing.assert_array_equal(rewards, [[0, 1], [0, 0]])
+    assert metrics["reward/sleepy_reward/timeouts"] == 2 and metrics["reward/timeouts"] == 2
+    assert metrics["reward/errors"] == 0
+    after = {w.process.pid for w in scoring._POOLS[2].workers}
+    assert not before & after  # both sleeping workers were replaced...
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in before)  # ...killed and reaped
+    rewards, _ = score((pid_reward,), (1.0,), ["q"] * 4, ["c"] * 4, [GSM] * 4)
+    assert set(rewards[:, 0].astype(int)) <= after  # and the replacements serve
