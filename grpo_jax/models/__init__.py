@@ -1,0 +1,71 @@
+"""The decoder family (Llama 3 / SmolLM2, Qwen2/2.5, Qwen3, Qwen3-MoE) as pure functions.
+
+    cfg, params = load_hf(path, dtype="float32", mesh=None)   # local HF dir -> (ModelConfig, params)
+    save_hf(cfg, params, path)                                # -> config.json + model.safetensors
+    params = init(cfg, rng)                                   # from scratch
+    hidden = forward(cfg, params, tokens, positions=None, segment_ids=None)  # [B, S, d], final-normed
+    hidden, aux = forward_with_aux(...)                       # aux["router_logits"] for MoE
+    w = unembedding(cfg, params)                              # [d, V]; logits = hidden @ w
+    logits(cfg, params, tokens, positions=None, segment_ids=None)            # [B, S, V] float32
+
+Segment ids: 0 = padding (never attended to); tokens attend causally within their own segment id,
+so packing is several ids in one row and left padding is leading zeros. Positions feed RoPE only;
+`positions_from_segments` gives positions that restart at each segment.
+
+KV cache (for sampling; one code path with `forward`):
+
+    cache = init_cache(cfg, batch, max_len)
+        {"k", "v": [layers, batch, max_len, kv_heads, head_dim] in cfg.compute_dtype,
+         "segment_ids": [batch, max_len] int32, 0 = slot unwritten or padding (the validity mask is
+         `cache["segment_ids"] != 0`)}
+    hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
+        tokens/positions/segment_ids [B, T]; writes slots [index, index+T) (index: int32 scalar, the
+        same for every row) and attends to all earlier slots with the same segment id.
+        Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
+
+The cache is a plain dict: `jax.tree.map(lambda a: jnp.repeat(a, G, axis=a.ndim - 4 if a.ndim == 5
+else 0), cache)` shares one prefill among G samples (batch is axis 1 of k/v, axis 0 of
+segment_ids); `grpo_jax.sharding.cache_shardings` shards it.
+
+Params are a nested dict described by `param_specs(cfg)` (shape + logical axes of every leaf):
+embed [V, d]; layers/{attn_norm, q [L,d,H,hd], k, v [L,d,K,hd], o [L,H,hd,d], mlp_norm,
+q_bias/k_bias/v_bias (Qwen2), q_norm/k_norm (Qwen3)}; mlp/{gate, up [Ld,d,F], down [Ld,F,d]} for
+dense layers; moe/{router [Lm,d,E], gate, up [Lm,E,d,F], down [Lm,E,F,d]} for MoE layers;
+final_norm [d]; lm_head [d, V] unless embeddings are tied.
+"""
+
+from grpo_jax.models.config import Llama3RopeScaling, ModelConfig
+from grpo_jax.models.decoder import (
+    ATTENTION,
+    ParamSpec,
+    cache_specs,
+    extend,
+    forward,
+    forward_with_aux,
+    init,
+    init_cache,
+    logits,
+    param_specs,
+    positions_from_segments,
+    unembedding,
+)
+from grpo_jax.models.hf_io import load_hf, save_hf
+
+__all__ = [
+    "ATTENTION",
+    "Llama3RopeScaling",
+    "ModelConfig",
+    "ParamSpec",
+    "cache_specs",
+    "extend",
+    "forward",
+    "forward_with_aux",
+    "init",
+    "init_cache",
+    "load_hf",
+    "logits",
+    "param_specs",
+    "positions_from_segments",
+    "save_hf",
+    "unembedding",
+]

@@ -1,0 +1,340 @@
+"""The decoder (Llama, Qwen2/2.5, Qwen3, Qwen3-MoE) as pure functions of (config, params, inputs).
+
+One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
+case. Attention masks are built from segment ids and cache slots, never from positions, so left
+padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
+the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`.
+"""
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from grpo_jax.models.config import ModelConfig
+
+Params = dict[str, Any]
+Cache = dict[str, Array]
+
+
+class ParamSpec(NamedTuple):
+    """Shape and logical axis names of one parameter (sharding rules map the names to mesh axes)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+
+
+def param_specs(cfg: ModelConfig) -> Params:
+    """The params pytree as ParamSpecs: the single source for init, checkpoint I/O and sharding."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    n_moe = sum(cfg.moe_layers)
+    n_dense = cfg.num_layers - n_moe
+    L = cfg.num_layers
+    layers = {
+        "attn_norm": ParamSpec((L, d), ("layers", None)),
+        "q": ParamSpec((L, d, h, hd), ("layers", "embed", "heads", None)),
+        "k": ParamSpec((L, d, kv, hd), ("layers", "embed", "kv_heads", None)),
+        "v": ParamSpec((L, d, kv, hd), ("layers", "embed", "kv_heads", None)),
+        "o": ParamSpec((L, h, hd, d), ("layers", "heads", None, "embed")),
+        "mlp_norm": ParamSpec((L, d), ("layers", None)),
+    }
+    if cfg.qkv_bias:
+        layers["q_bias"] = ParamSpec((L, h, hd), ("layers", "heads", None))
+        layers["k_bias"] = ParamSpec((L, kv, hd), ("layers", "kv_heads", None))
+        layers["v_bias"] = ParamSpec((L, kv, hd), ("layers", "kv_heads", None))
+    if cfg.qk_norm:
+        layers["q_norm"] = ParamSpec((L, hd), ("layers", None))
+        layers["k_norm"] = ParamSpec((L, hd), ("layers", None))
+    specs = {"embed": ParamSpec((v, d), ("vocab", "embed")), "layers": layers}
+    if n_dense:
+        specs["mlp"] = {
+            "gate": ParamSpec((n_dense, d, f), ("layers", "embed", "mlp")),
+            "up": ParamSpec((n_dense, d, f), ("layers", "embed", "mlp")),
+            "down": ParamSpec((n_dense, f, d), ("layers", "mlp", "embed")),
+        }
+    if n_moe:
+        e, fe = cfg.num_experts, cfg.moe_intermediate_size
+        specs["moe"] = {
+            "router": ParamSpec((n_moe, d, e), ("layers", "embed", None)),
+            "gate": ParamSpec((n_moe, e, d, fe), ("layers", "expert", "embed", "mlp")),
+            "up": ParamSpec((n_moe, e, d, fe), ("layers", "expert", "embed", "mlp")),
+            "down": ParamSpec((n_moe, e, fe, d), ("layers", "expert", "mlp", "embed")),
+        }
+    specs["final_norm"] = ParamSpec((d,), (None,))
+    if not cfg.tie_word_embeddings:
+        specs["lm_head"] = ParamSpec((d, v), ("embed", "vocab"))
+    return specs
+
+
+def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
+    """The KV cache pytree as ParamSpecs (same role as `param_specs`)."""
+    kv = ParamSpec(
+        (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim),
+        ("layers", "batch", "seq", "kv_heads", None),
+    )
+    return {"k": kv, "v": kv, "segment_ids": ParamSpec((batch, max_len), ("batch", "seq"))}
+
+
+def is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def init(cfg: ModelConfig, rng: jax.Array) -> Params:
+    """A from-scratch model: N(0, 0.02) matrices, unit norm scales, zero biases, in `cfg.dtype`."""
+    specs = param_specs(cfg)
+    leaves, treedef = jax.tree.flatten_with_path(specs, is_leaf=is_spec)
+    keys = jax.random.split(rng, len(leaves))
+
+    def one(path, spec, key):
+        name = path[-1].key
+        if name.endswith("norm"):
+            return jnp.ones(spec.shape, cfg.dtype)
+        if name.endswith("bias"):
+            return jnp.zeros(spec.shape, cfg.dtype)
+        return (0.02 * jax.random.normal(key, spec.shape, jnp.float32)).astype(cfg.dtype)
+
+    return jax.tree.unflatten(treedef, [one(p, s, k) for (p, s), k in zip(leaves, keys)])
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
+    """An empty cache: k, v [layers, batch, max_len, kv_heads, head_dim] in the compute dtype and
+    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
+    specs = cache_specs(cfg, batch, max_len)
+    return {
+        "k": jnp.zeros(specs["k"].shape, cfg.compute_dtype),
+        "v": jnp.zeros(specs["v"].shape, cfg.compute_dtype),
+        "segment_ids": jnp.zeros(specs["segment_ids"].shape, jnp.int32),
+    }
+
+
+def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, "batch seq"]:
+    """Position of each token within its segment (0 at each segment start; left padding is one segment)."""
+    t = jnp.arange(segment_ids.shape[-1], dtype=jnp.int32)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    return t - jax.lax.cummax(jnp.where(starts, t, 0), axis=1)
+
+
+# ----------------------------------------------------------------------------- attention kernels
+def _xla_attention(q, k, v, mask):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+
+
+def _reference_attention(q, k, v, mask):
+    """Plain float32 softmax attention with grouped heads; the yardstick for kernels."""
+    b, t, n, hd = q.shape
+    g = n // k.shape[2]
+    qg = q.reshape(b, t, k.shape[2], g, hd).astype(jnp.float32)
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(jnp.float32)) / math.sqrt(hd)
+    logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
+    out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(logits, axis=-1), v.astype(jnp.float32))
+    return out.reshape(b, t, n, hd).astype(q.dtype)
+
+
+# (q [B,T,N,H], k [B,S,K,H], v [B,S,K,H], mask [B,1,T,S] bool) -> [B,T,N,H]; add a kernel here.
+ATTENTION: dict[str, Callable] = {"xla": _xla_attention, "reference": _reference_attention}
+
+
+# ----------------------------------------------------------------------------- building blocks
+def _rms_norm(x, w, eps):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def _inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies (static), with Llama 3 rescaling when configured."""
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    s = cfg.rope_scaling
+    if s is not None:
+        wavelen = 2 * np.pi / inv
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        scaled = np.where(wavelen > low_wavelen, inv / s.factor, inv)
+        smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+
+def _rope(x, positions, inv_freq):
+    """Rotate-half RoPE (the HF layout), computed in float32."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+    cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
+    """Self-attention of T new tokens; with a cache (kv) they are written at slots [index, index+T)."""
+    q = jnp.einsum("btd,dnh->btnh", x, p["q"])
+    k = jnp.einsum("btd,dkh->btkh", x, p["k"])
+    v = jnp.einsum("btd,dkh->btkh", x, p["v"])
+    if cfg.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if cfg.qk_norm:
+        q = _rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = _rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    inv_freq = _inv_freq(cfg)
+    q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
+    q_slot = index + jnp.arange(x.shape[1])
+    if kv is not None:
+        k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
+    k_slot = jnp.arange(k.shape[1])
+    mask = (
+        (segment_ids[:, :, None] == k_segment_ids[:, None, :])
+        & (k_segment_ids[:, None, :] != 0)
+        & (q_slot[:, None] >= k_slot[None, :])
+    )
+    out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
+    return jnp.einsum("btnh,nhd->btd", out, p["o"]), (k, v)
+
+
+def _mlp(p, x):
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(x @ p["gate"]) * (x @ p["up"]), p["down"])
+
+
+def _moe(cfg, p, x):
+    """Softmax top-k routing over SwiGLU experts. Every expert runs on every token (exact, simple,
+    expert-shardable); unselected experts get weight 0. Returns (output, router logits in f32)."""
+    router_logits = jnp.einsum("btd,de->bte", x, p["router"], preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(router_logits, axis=-1)
+    top_p, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    if cfg.norm_topk_prob:
+        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    weights = jnp.sum(jax.nn.one_hot(top_i, cfg.num_experts) * top_p[..., None], axis=-2)
+    gate = jnp.einsum("btd,edf->btef", x, p["gate"])
+    up = jnp.einsum("btd,edf->btef", x, p["up"])
+    h = jax.nn.silu(gate) * up * weights.astype(x.dtype)[..., None]
+    return jnp.einsum("btef,efd->btd", h, p["down"]), router_logits
+
+
+_REMAT_POLICY = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
+    """Maximal runs of consecutive layers of one kind: (is_moe, first layer, end, first in kind stack)."""
+    runs, seen = [], {False: 0, True: 0}
+    for i, kind in enumerate(cfg.moe_layers):
+        if runs and runs[-1][0] == kind:
+            runs[-1][2] = i + 1
+        else:
+            runs.append([kind, i, i + 1, seen[kind]])
+        seen[kind] += 1
+    return [tuple(r) for r in runs]
+
+
+def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
+    cdt = cfg.jnp_compute_dtype
+    cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
+    x = params["embed"][tokens].astype(cdt)
+    if cache is None:
+        k_segment_ids = segment_ids
+    else:
+        k_segment_ids = jax.lax.dynamic_update_slice_in_dim(
+            cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
+        )
+    new_k, new_v, router_logits = [], [], []
+    for is_moe, start, stop, kind_start in _runs(cfg):
+        layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
+        mlp_p = jax.tree.map(
+            lambda a: a[kind_start : kind_start + stop - start], params["moe" if is_moe else "mlp"]
+        )
+        kv = None if cache is None else (cache["k"][start:stop], cache["v"][start:stop])
+
+        def layer(x, xs, is_moe=is_moe):
+            lp, mp, kv = cast(xs[0]), cast(xs[1]), xs[2]
+            h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+            a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index)
+            x = x + a
+            h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+            m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
+            return x + m, (kv if cache is not None else None, logits)
+
+        if cfg.remat != "none":
+            layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat])
+        x, (kv, logits) = jax.lax.scan(layer, x, (layer_p, mlp_p, kv))
+        if cache is not None:
+            new_k.append(kv[0])
+            new_v.append(kv[1])
+        if is_moe:
+            router_logits.append(logits)
+    hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
+    aux = {"router_logits": jnp.concatenate(router_logits)} if router_logits else {}
+    if cache is not None:
+        cache = {
+            "k": jnp.concatenate(new_k) if len(new_k) > 1 else new_k[0],
+            "v": jnp.concatenate(new_v) if len(new_v) > 1 else new_v[0],
+            "segment_ids": k_segment_ids,
+        }
+    return hidden, cache, aux
+
+
+def extend(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: Int[Array, "batch time"],
+    positions: Int[Array, "batch time"],
+    segment_ids: Int[Array, "batch time"],
+    cache: Cache,
+    index: Int[Array, ""] | int,
+) -> tuple[Float[Array, "batch time embed"], Cache, dict[str, Array]]:
+    """Runs T new tokens written at cache slots [index, index+T), attending causally to every
+    earlier slot of the same segment id (0 = padding, never attended). Prefill: T = prompt length
+    at index 0; decode: T = 1. Returns (final normed hidden, updated cache, aux), where aux holds
+    `router_logits` [moe_layers, batch, time, experts] (float32) for MoE models."""
+    return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
+
+
+def forward_with_aux(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: Int[Array, "batch seq"],
+    positions: Int[Array, "batch seq"] | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+) -> tuple[Float[Array, "batch seq embed"], dict[str, Array]]:
+    """`forward` that also returns aux (MoE router logits, for an auxiliary loss and routing metrics)."""
+    if segment_ids is None:
+        segment_ids = jnp.ones_like(tokens, jnp.int32)
+    if positions is None:
+        positions = positions_from_segments(segment_ids)
+    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, None, 0)
+    return hidden, aux
+
+
+def forward(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: Int[Array, "batch seq"],
+    positions: Int[Array, "batch seq"] | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+) -> Float[Array, "batch seq embed"]:
+    """Final normed hidden states. Defaults: one segment per row; positions restart at each segment."""
+    return forward_with_aux(cfg, params, tokens, positions, segment_ids)[0]
+
+
+def unembedding(cfg: ModelConfig, params: Params) -> Float[Array, "embed vocab"]:
+    """The [d, V] output matrix; for tied embeddings the transposed embedding (a free view under jit)."""
+    return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+
+
+def logits(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: Int[Array, "batch seq"],
+    positions: Int[Array, "batch seq"] | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+) -> Float[Array, "batch seq vocab"]:
+    """Full float32 logits. For evaluation and tests; training uses hidden states + `unembedding`."""
+    hidden = forward(cfg, params, tokens, positions, segment_ids)
+    w = unembedding(cfg, params).astype(hidden.dtype)
+    return jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
