@@ -7,8 +7,9 @@ log-sum-exp; its custom VJP recomputes the tiles, so memory is O(N d + d V) inst
 
 Implementations (`impl`):
   "naive"   full logits, plain autodiff: the reference, `logprobs_reference`.
-  "chunked" jnp scans over token and vocabulary chunks (default on CPU).
-  "pallas"  Pallas kernels (default on TPU/GPU; interpreted on CPU, for tests).
+  "chunked" jnp scans over token and vocabulary chunks (default on CPU and GPU).
+  "pallas"  Pallas kernels (default on TPU; interpreted on CPU, for tests). They accumulate in
+            revisited output blocks, which Triton does not support: no GPU kernel yet.
 
 Tied embeddings: pass the [V, d] embedding table itself with `transposed=True`; nothing is copied.
 (Passing `embed.T` with transposed=False is also correct, but XLA may materialize the transpose.)
@@ -60,7 +61,7 @@ def fused_logprobs(
     hidden and unembed. Masked rows (mask False) give 0 and get zero gradient; their targets
     are ignored. `temperature` is a Python float (the sampling config's), static under jit.
     `transposed=True` means unembed is [V, d] (a tied embedding table, passed as is)."""
-    impl = impl or ("chunked" if jax.default_backend() == "cpu" else "pallas")
+    impl = impl or ("pallas" if jax.default_backend() == "tpu" else "chunked")
     _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile)
     if mask is None:
         mask = jnp.ones(targets.shape, bool)
