@@ -199,9 +199,9 @@ def load_hf(
     if mesh is None:
         shardings = [jax.sharding.SingleDeviceSharding(jax.devices()[0])] * len(leaves)
     else:
-        from grpo_jax.sharding import param_shardings
+        from grpo_jax.sharding import spec_shardings  # sharding imports models: import late
 
-        shardings = jax.tree.leaves(param_shardings(param_specs(cfg), cfg, mesh))
+        shardings = jax.tree.leaves(spec_shardings(param_specs(cfg), mesh))
     arrays = [_load_leaf(tensors, leaf, s, cfg.jnp_dtype) for leaf, s in zip(leaves, shardings)]
     return cfg, jax.tree.unflatten(treedef, arrays)
 

@@ -1,0 +1,148 @@
+"""Device mesh and logical-axis sharding (MaxText style).
+
+Model code names its axes (`batch`, `embed`, `heads`, ...); `RULES` maps each name to mesh axes.
+Changing the parallelism of a run means editing `RULES` or the `MeshConfig`, never the model. A
+dimension whose size does not divide by its mesh axes, or whose mesh axis is already used by an
+earlier dimension of the same array, stays replicated (e.g. 2 kv heads on tensor=4).
+"""
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from grpo_jax.config import MeshConfig
+from grpo_jax.models import ModelConfig, cache_specs, param_specs
+from grpo_jax.models.decoder import is_spec
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+# logical axis -> mesh axis (or tuple of axes, or None = replicated). The one table.
+RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "vocab": "tensor",
+    "expert": "expert",
+    "layers": None,
+}
+
+
+def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor, expert) mesh; one axis may be -1 for all remaining devices."""
+    devices = jax.devices() if devices is None else devices
+    shape = [getattr(cfg, a) for a in MESH_AXES]
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"MeshConfig{tuple(shape)}: sizes must be positive, with at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if len(devices) % known:
+            raise ValueError(f"MeshConfig{tuple(shape)}: {len(devices)} devices do not divide by {known}")
+        shape[shape.index(-1)] = len(devices) // known
+    if math.prod(shape) != len(devices):
+        raise ValueError(
+            f"MeshConfig{dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
+            f"there are {len(devices)}; set one axis to -1 to take the rest"
+        )
+    return jax.make_mesh(
+        tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
+
+
+def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec for an array with these logical axis names, by `RULES`."""
+    used, out = set(), []
+    for name, size in zip(axes, shape):
+        mesh_axes = RULES[name] if name is not None else None
+        group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+        n = math.prod(mesh.shape[a] for a in group)
+        if not group or used & set(group) or size % n:
+            out.append(None)
+            continue
+        used |= set(group)
+        out.append(group[0] if len(group) == 1 else group)
+    return PartitionSpec(*out)
+
+
+def spec_shardings(specs: Any, mesh: Mesh) -> Any:
+    """A pytree of ParamSpec -> the same pytree of NamedSharding."""
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, logical_spec(s.axes, s.shape, mesh)), specs, is_leaf=is_spec
+    )
+
+
+def _names(key_path) -> tuple:
+    return tuple(getattr(k, "key", getattr(k, "name", None)) for k in key_path)
+
+
+def param_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """NamedShardings for params or any pytree holding params-shaped subtrees (optimizer state).
+
+    A leaf whose key path ends like a parameter's path (e.g. `...mu['layers']['q']`) and has that
+    parameter's shape is sharded like it; every other leaf (step counts, scalars) is replicated.
+    """
+    by_path = {
+        _names(p): s
+        for p, s in jax.tree.flatten_with_path(param_specs(cfg), is_leaf=is_spec)[0]
+    }
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def one(key_path, leaf):
+        names = _names(key_path)
+        for path, spec in by_path.items():
+            if names[-len(path) :] == path and tuple(np.shape(leaf)) == spec.shape:
+                return NamedSharding(mesh, logical_spec(spec.axes, spec.shape, mesh))
+        return replicated
+
+    return jax.tree.map_with_path(one, tree)
+
+
+def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """Places params (or optimizer state) on the mesh by `RULES`."""
+    return jax.device_put(params, param_shardings(params, cfg, mesh))
+
+
+def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int) -> Any:
+    """NamedShardings for `models.init_cache(cfg, batch, max_len)` (batch over data+fsdp, kv heads
+    over tensor)."""
+    return spec_shardings(cache_specs(cfg, batch, max_len), mesh)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Sharding of a [batch, ...] array: the leading axis split over the `batch` rule."""
+    return NamedSharding(mesh, PartitionSpec(RULES["batch"], *([None] * (ndim - 1))))
+
+
+def global_batch(local: Any, mesh: Mesh) -> Any:
+    """Global arrays from each process's slice of the batch (leading axis), multi-host ready."""
+    n = math.prod(mesh.shape[a] for a in RULES["batch"])
+
+    def one(x):
+        x = np.asarray(x)
+        if (x.shape[0] * jax.process_count()) % n:
+            raise ValueError(
+                f"global batch {x.shape[0] * jax.process_count()} does not divide over the "
+                f"{RULES['batch']} mesh axes ({n} devices); change the batch size or MeshConfig"
+            )
+        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
+
+    return jax.tree.map(one, local)
+
+
+__all__ = [
+    "MESH_AXES",
+    "RULES",
+    "batch_sharding",
+    "cache_shardings",
+    "global_batch",
+    "logical_spec",
+    "make_mesh",
+    "param_shardings",
+    "shard_params",
+    "spec_shardings",
+]
