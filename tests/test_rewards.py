@@ -20,6 +20,10 @@ def failing_reward(prompt, completion, example, **_):
     raise RuntimeError("boom")
 
 
+def dying_reward(prompt, completion, example, **_):
+    os._exit(1)  # like a segfault in a native library
+
+
 def pid_reward(prompt, completion, example, **_):
     return float(os.getpid())
 
@@ -175,6 +179,10 @@ def test_score_counts_exceptions_and_bad_inputs():
     assert metrics["reward/failing_reward/errors"] == 2
     assert metrics["reward/<lambda>/errors"] == 2
     assert metrics["reward/errors"] == 4 and metrics["reward/timeouts"] == 0
+    rewards, metrics = score((dying_reward, REWARDS["exact"]), (1.0, 1.0), ["q"], ["#### 1234"], [GSM])
+    np.testing.assert_array_equal(rewards, [[0, 1]])
+    assert metrics["reward/dying_reward/errors"] == 1
+    assert all(w.process.is_alive() for w in scoring._POOLS[2].workers)  # the dead worker was replaced
     with pytest.raises(ValueError, match="one entry per completion"):
         score(fns, (1.0, 1.0, 1.0), ["q"], ["a", "b"], [GSM, GSM])
     with pytest.raises(ValueError, match="weights"):

@@ -79,8 +79,12 @@ class _Pool:
                 worker, (i, job) = idle.pop(), pending.popleft()
                 try:
                     worker.conn.send(job)
-                except Exception as e:  # noqa: BLE001 (e.g. an unpicklable reward function)
-                    results[i] = ("error", f"{type(e).__name__}: {e}")
+                except Exception as e:  # noqa: BLE001 (an unpicklable reward function, or a dead worker)
+                    if worker.process.is_alive():
+                        results[i] = ("error", f"{type(e).__name__}: {e}")
+                    else:
+                        worker = self._replace(worker)
+                        pending.appendleft((i, job))
                     idle.append(worker)
                     continue
                 busy[worker.conn] = (worker, i, time.monotonic() + timeout_s)
