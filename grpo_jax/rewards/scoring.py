@@ -74,38 +74,43 @@ class _Pool:
         pending = collections.deque(enumerate(jobs))
         idle = list(self.workers)
         busy: dict = {}  # connection -> (worker, job index, deadline)
-        while pending or busy:
-            while pending and idle:
-                worker, (i, job) = idle.pop(), pending.popleft()
-                try:
-                    worker.conn.send(job)
-                except Exception as e:  # noqa: BLE001 (an unpicklable reward function, or a dead worker)
-                    if worker.process.is_alive():
-                        results[i] = ("error", f"{type(e).__name__}: {e}")
-                    else:
-                        worker = self._replace(worker)
-                        pending.appendleft((i, job))
-                    idle.append(worker)
+        try:
+            while pending or busy:
+                while pending and idle:
+                    worker, (i, job) = idle.pop(), pending.popleft()
+                    try:
+                        worker.conn.send(job)
+                    except Exception as e:  # noqa: BLE001 (an unpicklable reward function, or a dead worker)
+                        if worker.process.is_alive():
+                            results[i] = ("error", f"{type(e).__name__}: {e}")
+                        else:
+                            worker = self._replace(worker)
+                            pending.appendleft((i, job))
+                        idle.append(worker)
+                        continue
+                    busy[worker.conn] = (worker, i, time.monotonic() + timeout_s)
+                if not busy:
                     continue
-                busy[worker.conn] = (worker, i, time.monotonic() + timeout_s)
-            if not busy:
-                continue
-            next_deadline = min(deadline for _, _, deadline in busy.values())
-            for conn in multiprocessing.connection.wait(list(busy), max(0.0, next_deadline - time.monotonic())):
-                worker, i, _ = busy.pop(conn)
-                try:
-                    ok, value = conn.recv()
-                    results[i] = ("ok", value) if ok else ("error", value)
-                except EOFError:  # the worker died (e.g. a segfault in a native library)
-                    results[i] = ("error", "reward worker died")
-                    worker = self._replace(worker)
-                idle.append(worker)
-            now = time.monotonic()
-            for conn, (worker, i, deadline) in list(busy.items()):
-                if deadline <= now:
-                    del busy[conn]
-                    results[i] = ("timeout", f"no answer within {timeout_s}s")
-                    idle.append(self._replace(worker))
+                next_deadline = min(deadline for _, _, deadline in busy.values())
+                for conn in multiprocessing.connection.wait(list(busy), max(0.0, next_deadline - time.monotonic())):
+                    worker, i, _ = busy.pop(conn)
+                    try:
+                        ok, value = conn.recv()
+                        results[i] = ("ok", value) if ok else ("error", value)
+                    except EOFError:  # the worker died (e.g. a segfault in a native library)
+                        results[i] = ("error", "reward worker died")
+                        worker = self._replace(worker)
+                    idle.append(worker)
+                now = time.monotonic()
+                for conn, (worker, i, deadline) in list(busy.items()):
+                    if deadline <= now:
+                        del busy[conn]
+                        results[i] = ("timeout", f"no answer within {timeout_s}s")
+                        idle.append(self._replace(worker))
+        except BaseException:  # e.g. Ctrl-C: a busy worker would answer the next call with a stale result
+            for worker, _, _ in busy.values():
+                self._replace(worker)
+            raise
         return results
 
 
