@@ -1,0 +1,342 @@
+"""Decoder parity with PyTorch `transformers` on tiny random models, cache, packing and HF I/O."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from grpo_jax import models
+
+VOCAB = 97
+KINDS = {  # name -> (HF config class, extra kwargs)
+    "llama3": (
+        transformers.LlamaConfig,
+        dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+    ),
+    "qwen2": (transformers.Qwen2Config, dict(rope_theta=10000.0)),
+    "qwen3": (transformers.Qwen3Config, dict(head_dim=12)),  # head_dim != hidden / heads
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        dict(
+            head_dim=12,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],  # one dense layer in the middle: two scanned runs of MoE layers
+        ),
+    ),
+}
+CASES = [("llama3", False), ("llama3", True), ("qwen2", True), ("qwen3", False), ("qwen3_moe", False)]
+
+
+def make_hf(kind: str, tie: bool, seed: int = 0):
+    cls, extra = KINDS[kind]
+    hf_cfg = cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        max_position_embeddings=256,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).float().eval()
+    with torch.no_grad():  # larger than the default init so that every term matters in the logits
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """Every case saved once by `save_pretrained` (safetensors): {(kind, tie): (torch model, dir)}."""
+    out = {}
+    for kind, tie in CASES:
+        model = make_hf(kind, tie)
+        path = tmp_path_factory.mktemp(f"{kind}_{tie}")
+        model.save_pretrained(path)
+        out[(kind, tie)] = (model, path)
+    return out
+
+
+def left_padded(lengths, total, seed=0):
+    """Tokens, segment ids (0 = left padding) and positions for rows of different prompt lengths."""
+    tokens = np.random.default_rng(seed).integers(0, VOCAB, (len(lengths), total))
+    seg = np.array([[0] * (total - n) + [1] * n for n in lengths], np.int32)
+    pos = np.maximum(np.cumsum(seg, axis=1) - 1, 0).astype(np.int32)
+    return tokens, seg, pos
+
+
+def torch_logits(model, tokens, seg, pos):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(tokens),
+            attention_mask=torch.tensor(seg),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        )
+    return out.logits.numpy()
+
+
+jit_logits = jax.jit(models.logits, static_argnums=0)
+jit_forward = jax.jit(models.forward, static_argnums=0)
+jit_extend = jax.jit(models.extend, static_argnums=0)
+
+
+@pytest.mark.parametrize("kind,tie", CASES)
+def test_logits_match_transformers_left_padded(hf_dirs, kind, tie):
+    model, path = hf_dirs[(kind, tie)]
+    cfg, params = models.load_hf(path)
+    assert cfg.model_type == kind.replace("llama3", "llama") and cfg.tie_word_embeddings == tie
+    assert ("lm_head" in params) == (not tie)
+    tokens, seg, pos = left_padded([7, 4, 2], 7)
+    ours = np.asarray(jit_logits(cfg, params, tokens, pos, seg))
+    ref = torch_logits(model, tokens, seg, pos)
+    valid = seg.astype(bool)
+    assert np.abs(ours - ref)[valid].max() <= 1e-4
+    assert np.isfinite(ours).all()  # padding rows attend to nothing yet stay finite
+
+
+def test_positions_from_segments():
+    seg = jnp.array([[0, 0, 1, 1, 1], [1, 1, 2, 2, 2], [1, 2, 2, 0, 0]])
+    want = [[0, 1, 0, 1, 2], [0, 1, 0, 1, 2], [0, 0, 1, 0, 1]]
+    np.testing.assert_array_equal(models.positions_from_segments(seg), want)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3_moe"])
+def test_packed_segments_equal_separate_rows(hf_dirs, kind):
+    _, path = hf_dirs[(kind, kind == "qwen2")]
+    cfg, params = models.load_hf(path)
+    a, b = np.arange(1, 6), np.arange(20, 23)
+    packed = np.concatenate([a, b])[None]
+    seg = np.array([[1] * 5 + [2] * 3])
+    hidden = jit_forward(cfg, params, packed, None, seg)  # positions restart per segment
+    alone_a = jit_forward(cfg, params, a[None])
+    alone_b = jit_forward(cfg, params, b[None])
+    np.testing.assert_allclose(hidden[:, :5], alone_a, atol=1e-5)
+    np.testing.assert_allclose(hidden[:, 5:], alone_b, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen3_moe"])
+def test_cache_prefill_and_decode_equal_forward(hf_dirs, kind):
+    _, path = hf_dirs[(kind, False)]
+    cfg, params = models.load_hf(path)
+    prompt, total = 5, 9
+    tokens, seg, pos = left_padded([5, 3, 1], prompt)
+    new = np.random.default_rng(1).integers(0, VOCAB, (3, total - prompt))
+    tokens = np.concatenate([tokens, new], 1)
+    seg = np.concatenate([seg, np.ones_like(new)], 1)
+    pos = np.concatenate([pos, pos[:, -1:] + 1 + np.arange(total - prompt)], 1)
+    full, full_aux = models.forward_with_aux(cfg, params, tokens, pos, seg)
+
+    cache = models.init_cache(cfg, 3, 12)
+    h, cache, aux = jit_extend(cfg, params, tokens[:, :prompt], pos[:, :prompt], seg[:, :prompt], cache, 0)
+    hs, router = [h], [aux.get("router_logits")]
+    for t in range(prompt, total):
+        sl = slice(t, t + 1)
+        h, cache, aux = jit_extend(cfg, params, tokens[:, sl], pos[:, sl], seg[:, sl], cache, jnp.int32(t))
+        hs.append(h)
+        router.append(aux.get("router_logits"))
+    valid = seg.astype(bool)
+    np.testing.assert_allclose(np.concatenate(hs, 1)[valid], np.asarray(full)[valid], atol=1e-5)
+    np.testing.assert_array_equal(cache["segment_ids"][:, :total], seg)
+    assert not cache["segment_ids"][:, total:].any()
+    if kind == "qwen3_moe":
+        assert full_aux["router_logits"].shape == (2, 3, total, 4)  # layers 0 and 2 are MoE
+        got = np.concatenate(router, axis=2)
+        np.testing.assert_allclose(got[:, valid], np.asarray(full_aux["router_logits"])[:, valid], atol=1e-5)
+
+
+def test_cache_repeats_along_batch_for_groups(hf_dirs):
+    """One prefill repeated G times decodes like G separate prefills."""
+    _, path = hf_dirs[("llama3", False)]
+    cfg, params = models.load_hf(path)
+    tokens, seg, pos = left_padded([4, 2], 4)
+    _, cache, _ = jit_extend(cfg, params, tokens, pos, seg, models.init_cache(cfg, 2, 6), 0)
+    g = 3
+    repeated = {
+        "k": jnp.repeat(cache["k"], g, axis=1),
+        "v": jnp.repeat(cache["v"], g, axis=1),
+        "segment_ids": jnp.repeat(cache["segment_ids"], g, axis=0),
+    }
+    nxt = np.arange(2 * g).reshape(2 * g, 1) + 5
+    next_pos = np.repeat(pos[:, -1:] + 1, g, axis=0)
+    h, _, _ = jit_extend(cfg, params, nxt, next_pos, np.ones_like(nxt), repeated, jnp.int32(4))
+    full = jit_forward(
+        cfg,
+        params,
+        np.concatenate([np.repeat(tokens, g, 0), nxt], 1),
+        np.concatenate([np.repeat(pos, g, 0), next_pos], 1),
+        np.concatenate([np.repeat(seg, g, 0), np.ones_like(nxt)], 1),
+    )
+    np.testing.assert_allclose(h[:, 0], full[:, -1], atol=1e-5)
+
+
+def test_attention_kernels_agree(hf_dirs):
+    _, path = hf_dirs[("qwen3", False)]
+    cfg, params = models.load_hf(path)
+    ref_cfg, _ = models.load_hf(path, attention="reference")
+    tokens, seg, pos = left_padded([6, 3], 6)
+    np.testing.assert_allclose(
+        jit_forward(ref_cfg, params, tokens, pos, seg) * seg[..., None],
+        jit_forward(cfg, params, tokens, pos, seg) * seg[..., None],
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_policies_give_the_same_gradients(hf_dirs, remat):
+    _, path = hf_dirs[("qwen3_moe", False)]
+    cfg, params = models.load_hf(path)
+    remat_cfg, _ = models.load_hf(path, remat=remat)
+    tokens = np.arange(12).reshape(2, 6)
+
+    def loss(c, p):
+        return jnp.mean(models.logits(c, p, tokens) ** 2)
+
+    g0 = jax.jit(jax.grad(loss, argnums=1), static_argnums=0)(cfg, params)
+    g1 = jax.jit(jax.grad(loss, argnums=1), static_argnums=0)(remat_cfg, params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
+
+
+def test_bfloat16_compute_close_to_float32(hf_dirs):
+    _, path = hf_dirs[("qwen2", True)]
+    cfg, params = models.load_hf(path)
+    bf_cfg, bf_params = models.load_hf(path, dtype="bfloat16")
+    assert bf_params["embed"].dtype == jnp.bfloat16 and bf_cfg.compute_dtype == "bfloat16"
+    tokens = np.arange(10).reshape(2, 5)
+    ref = jit_logits(cfg, params, tokens)
+    got = jit_logits(bf_cfg, bf_params, tokens)
+    assert got.dtype == jnp.float32
+    assert float(jnp.abs(got - ref).max()) < 0.1 * float(jnp.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind,tie", [("llama3", True), ("qwen2", True), ("qwen3_moe", False)])
+def test_save_hf_round_trip(hf_dirs, tmp_path, kind, tie):
+    model, path = hf_dirs[(kind, tie)]
+    cfg, params = models.load_hf(path)
+    models.save_hf(cfg, params, tmp_path)
+    cfg2, params2 = models.load_hf(tmp_path)
+    assert cfg2 == cfg
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, params2)  # bit-exact
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    tokens, seg, pos = left_padded([6, 3], 6)
+    valid = seg.astype(bool)
+    np.testing.assert_allclose(
+        torch_logits(reloaded, tokens, seg, pos)[valid],
+        torch_logits(model, tokens, seg, pos)[valid],
+        atol=1e-5,
+    )
+
+
+def test_save_hf_bfloat16_bit_exact(hf_dirs, tmp_path):
+    _, path = hf_dirs[("qwen3", False)]
+    cfg, params = models.load_hf(path, dtype="bfloat16")
+    models.save_hf(cfg, params, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    _, params2 = models.load_hf(tmp_path, dtype="bfloat16")
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, params2)
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    model = make_hf("qwen3", False, seed=3)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    cfg, params = models.load_hf(tmp_path)
+    tokens, seg, pos = left_padded([5, 5], 5)
+    np.testing.assert_allclose(jit_logits(cfg, params, tokens, pos, seg), torch_logits(model, tokens, seg, pos), atol=1e-4)
+
+
+def test_init_matches_param_specs():
+    cfg = models.ModelConfig.from_hf(make_hf("qwen3_moe", False).config.to_dict())
+    params = models.init(cfg, jax.random.key(0))
+    shapes = jax.tree.map(lambda s: s.shape, models.param_specs(cfg), is_leaf=lambda x: isinstance(x, models.ParamSpec))
+    assert jax.tree.map(jnp.shape, params) == shapes
+    assert params["layers"]["q_norm"].min() == 1.0
+    assert jit_forward(cfg, params, np.zeros((1, 3), np.int32)).shape == (1, 3, 32)
+
+
+def test_unembedding_tied_is_embedding_transpose(hf_dirs):
+    cfg, params = models.load_hf(hf_dirs[("llama3", True)][1])
+    np.testing.assert_array_equal(models.unembedding(cfg, params), params["embed"].T)
+
+
+# ----------------------------------------------------------------------------- user errors
+@pytest.fixture
+def copy_of(hf_dirs, tmp_path):
+    def copy(kind="qwen2", tie=True):
+        dst = tmp_path / "model"
+        shutil.copytree(hf_dirs[(kind, tie)][1], dst)
+        return dst
+
+    return copy
+
+
+def edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_missing_config_json_names_the_file(copy_of):
+    path = copy_of()
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        models.load_hf(path)
+
+
+def test_missing_tensor_names_the_tensor(copy_of):
+    path = copy_of()
+    edit_config(path, num_hidden_layers=4)
+    with pytest.raises(ValueError, match=r"model\.layers\.3\.input_layernorm\.weight is missing"):
+        models.load_hf(path)
+
+
+def test_misshapen_tensor_names_tensor_and_file(copy_of):
+    path = copy_of()
+    edit_config(path, intermediate_size=40)
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.\w+_proj\.weight has shape"):
+        models.load_hf(path)
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        (dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"]), "model_type"),
+        (dict(use_sliding_window=True), "use_sliding_window"),
+        (dict(rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=1e4)), "rope_type"),
+        (dict(hidden_act="gelu"), "hidden_act"),
+    ],
+)
+def test_unsupported_config_names_the_field(copy_of, changes, field):
+    path = copy_of()
+    edit_config(path, **changes)
+    with pytest.raises(ValueError, match=field):
+        models.load_hf(path)
+
+
+def test_bad_dtype_names_the_field(copy_of):
+    path = copy_of()
+    with pytest.raises(ValueError, match="dtype='float8'"):
+        models.load_hf(path, dtype="float8")
+    with pytest.raises(ValueError, match="compute_dtype"):
+        models.load_hf(path, compute_dtype="half-ish")
