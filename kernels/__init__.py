@@ -5,7 +5,8 @@ name; `GRPO_JAX_KERNELS` marks it so that a test (and a user) can tell which one
 """
 
 from kernels.logprobs import fused_logprobs, logprobs_reference
+from kernels.ratio_clip import ratio_clip
 
 GRPO_JAX_KERNELS = True
 
-__all__ = ["GRPO_JAX_KERNELS", "fused_logprobs", "logprobs_reference"]
+__all__ = ["GRPO_JAX_KERNELS", "fused_logprobs", "logprobs_reference", "ratio_clip"]

@@ -1,0 +1,84 @@
+"""ratio_clip (jnp custom VJP and Pallas, interpreted) against the algorithms' clipped_surrogate."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.algorithms import losses
+from grpo_jax.algorithms.config import AlgorithmConfig
+from grpo_jax.algorithms.ratio import clipped_surrogate
+from kernels.ratio_clip import ratio_clip
+
+CLIPS = [
+    dict(eps_low=0.2, eps_high=0.28),
+    dict(eps_low=0.2, eps_high=0.2, delta=1.4),
+    dict(eps_low=0.2, eps_high=0.2, clip_c=1.6),
+    dict(eps_low=3e-4, eps_high=4e-4),  # the GSPO range
+]
+
+
+@pytest.fixture(scope="module")
+def units():
+    k = jax.random.split(jax.random.key(3), 3)
+    log_ratio = jax.random.normal(k[0], (6, 45)) * 0.5  # 270 units: not a multiple of 128
+    return log_ratio, jax.random.normal(k[1], (6, 45)), jax.random.normal(k[2], (6, 45))
+
+
+@pytest.mark.parametrize("impl", ["jnp", "pallas"])
+@pytest.mark.parametrize("clip", CLIPS)
+def test_matches_clipped_surrogate(units, impl, clip):
+    x, a, g = units
+
+    def run(fn):
+        def f(x, a):
+            u, low, high = fn(x, a, **clip)
+            return jnp.sum(u * g), (u, low, high)
+
+        (_, outs), grads = jax.jit(jax.value_and_grad(f, (0, 1), has_aux=True))(x, a)
+        return outs, grads
+
+    (u, low, high), grads = run(functools.partial(ratio_clip, impl=impl, block_rows=1))
+    (u_ref, low_ref, high_ref), grads_ref = run(clipped_surrogate)
+    np.testing.assert_allclose(u, u_ref, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(low, low_ref)
+    np.testing.assert_array_equal(high, high_ref)
+    assert low.dtype == high.dtype == jnp.bool_ and low.any() and high.any()
+    for got, want in zip(grads, grads_ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("preset", ["grpo", "gspo", "gspo_token"])
+def test_drop_in_for_policy_loss(monkeypatch, preset):
+    """Swapping the kernel into grpo_jax.algorithms gives the same loss, metrics and gradient."""
+    k = jax.random.split(jax.random.key(4), 4)
+    logp = -jax.random.uniform(k[0], (4, 9)) * 3
+    old = logp + jax.random.normal(k[1], (4, 9)) * (0.3 if preset == "grpo" else 3e-3)
+    mask = (jnp.arange(9)[None, :] < jnp.array([9, 5, 1, 7])[:, None]).astype(jnp.float32)
+    adv = jax.random.normal(k[2], (4,))
+    cfg = AlgorithmConfig.from_preset(preset, beta=0.0,
+                                      **({"clip_c": 3.0} if preset == "grpo" else {}))
+    norm = losses.normalizer(cfg, mask, 9)
+
+    def run():
+        f = lambda lp: losses.policy_loss(cfg, lp, old, adv, mask, normalizer=norm)
+        return jax.value_and_grad(f, has_aux=True)(logp)
+
+    (want, want_metrics), want_grad = run()
+    monkeypatch.setattr(losses, "clipped_surrogate", functools.partial(ratio_clip, impl="pallas"))
+    (got, got_metrics), got_grad = run()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7)
+    for name in ("clip_frac_low", "clip_frac_high"):
+        np.testing.assert_array_equal(got_metrics[name], want_metrics[name])
+    assert want_metrics["clip_frac_low"][0] + want_metrics["clip_frac_high"][0] > 0
+
+
+def test_user_errors(units):
+    x, a, _ = units
+    with pytest.raises(ValueError, match="impl='cuda'"):
+        ratio_clip(x, a, 0.2, 0.2, impl="cuda")
+    with pytest.raises(ValueError, match="broadcast sequence advantages"):
+        ratio_clip(x, a[:, 0], 0.2, 0.2)
