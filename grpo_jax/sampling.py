@@ -7,12 +7,17 @@ same samples whatever the batch composition or the sharding.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from grpo_jax.config import SamplingConfig
+from grpo_jax import models
+from grpo_jax.config import ModelConfig, SamplingConfig
+
+Cache = dict[str, Array]  # grpo_jax.models.init_cache: k, v [layers, batch, slot, kv_heads, head_dim], segment_ids
 
 
 @jax.tree_util.register_dataclass
@@ -164,3 +169,86 @@ def decode(step, carry, logits, keys: Key[Array, "batch"], stop_ids: tuple[int, 
     _, (tokens, logprobs, lengths, done), _, _ = jax.lax.while_loop(cond, body, (1, out, token, carry))
     mask = jnp.arange(steps) < lengths[:, None]
     return Rollout(tokens, mask, logprobs, lengths, ~done)
+
+
+def generate(
+    cfg: ModelConfig, params, prompts: Prompts, rng: Key[Array, ""], sampling_cfg: SamplingConfig
+) -> Rollout:
+    """`group_size` completions of every prompt, stopping at `cfg.eos_token_id` or `stop_tokens`.
+
+    Compiled once per (configs, number of prompts); the KV cache is allocated inside the program, so
+    XLA updates it in place across decode steps and reuses its buffers.
+    """
+    stop_ids = _check(cfg, prompts, sampling_cfg)
+    return _rollout(cfg, sampling_cfg, stop_ids, params, prompts, rng)
+
+
+def _check(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
+    """Host-side errors before compiling; returns the stop ids."""
+    width = prompts.tokens.shape[1]
+    if width != sampling_cfg.max_prompt_len:
+        raise ValueError(
+            f"prompts are {width} tokens wide but SamplingConfig.max_prompt_len={sampling_cfg.max_prompt_len}: "
+            "build them with grpo_jax.sampling.pad_prompts"
+        )
+    lengths = np.asarray(prompts.lengths)
+    if (lengths < 1).any():
+        raise ValueError(f"prompt {int(np.argmax(lengths < 1))} is empty: every prompt needs at least one token")
+    if (lengths > width).any():
+        raise ValueError(
+            f"prompt {int(np.argmax(lengths > width))} claims {lengths.max()} tokens > "
+            f"SamplingConfig.max_prompt_len={width}: raise max_prompt_len or truncate the prompt"
+        )
+    eos = cfg.eos_token_id
+    stop_ids = tuple(sorted({*((eos,) if isinstance(eos, int) else eos or ()), *sampling_cfg.stop_tokens}))
+    if any(not 0 <= i < cfg.vocab_size for i in stop_ids):
+        raise ValueError(
+            f"stop ids {stop_ids} (ModelConfig.eos_token_id + SamplingConfig.stop_tokens) must lie in "
+            f"[0, vocab_size={cfg.vocab_size})"
+        )
+    return stop_ids
+
+
+def prefill(
+    cfg: ModelConfig, params, prompts: Prompts, group_size: int, cache_len: int
+) -> tuple[Float[Array, "batch vocab"], Cache]:
+    """Runs each distinct prompt once, then repeats its cache and next-token logits `group_size` times."""
+    width = prompts.tokens.shape[1]
+    slot = jnp.arange(width, dtype=jnp.int32)
+    start = width - prompts.lengths[:, None]  # left padding
+    segment_ids = (slot >= start).astype(jnp.int32)
+    positions = jnp.maximum(slot - start, 0)
+    cache = models.init_cache(cfg, prompts.tokens.shape[0], cache_len)
+    hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
+    logits = _logits(cfg, params, hidden[:, -1])
+    repeat = lambda a, axis: jnp.repeat(a, group_size, axis=axis)  # noqa: E731
+    cache = {"k": repeat(cache["k"], 1), "v": repeat(cache["v"], 1), "segment_ids": repeat(cache["segment_ids"], 0)}
+    return repeat(logits, 0), cache
+
+
+def decode_step(
+    cfg: ModelConfig, params, cache: Cache, tokens: Int[Array, "batch"],
+    positions: Int[Array, "batch"], index: Int[Array, ""],
+) -> tuple[Float[Array, "batch vocab"], Cache]:
+    """Feeds one token per row at cache slot `index`; returns the logits of the next one."""
+    ones = jnp.ones_like(tokens)[:, None]
+    hidden, cache, _ = models.extend(cfg, params, tokens[:, None], positions[:, None], ones, cache, index)
+    return _logits(cfg, params, hidden[:, 0]), cache
+
+
+def _logits(cfg, params, hidden):
+    w = models.unembedding(cfg, params).astype(hidden.dtype)
+    return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _rollout(cfg, sampling_cfg, stop_ids, params, prompts, rng):
+    width, group = prompts.tokens.shape[1], sampling_cfg.group_size
+    logits, cache = prefill(cfg, params, prompts, group, width + sampling_cfg.max_new_tokens - 1)
+    lengths = jnp.repeat(prompts.lengths, group)
+
+    def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
+        return decode_step(cfg, params, cache, tokens, lengths + t, width + t)
+
+    keys = row_keys(rng, prompts.tokens.shape[0], group)
+    return decode(step, cache, logits, keys, stop_ids, sampling_cfg)

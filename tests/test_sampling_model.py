@@ -1,0 +1,113 @@
+"""`generate` on tiny real decoders: cache vs full forward, log-probs, `transformers` greedy parity, seeds."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import models
+from grpo_jax.config import SamplingConfig
+from grpo_jax.sampling import decode_step, generate, pad_prompts, prefill
+
+DENSE = models.ModelConfig(
+    model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, eos_token_id=5,
+)
+MOE = models.ModelConfig(
+    model_type="qwen3_moe", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, eos_token_id=5, num_experts=4, num_experts_per_tok=2,
+    moe_intermediate_size=16, decoder_sparse_step=2,  # layer 0 dense, layer 1 MoE
+)
+PROMPTS = [[1, 7, 9], [11, 12, 13, 14, 15, 16], [20], [30, 31, 32, 33]]
+SCFG = SamplingConfig(max_prompt_len=8, max_new_tokens=10, group_size=3, temperature=0.8)
+
+
+@pytest.fixture(scope="module", params=[DENSE, MOE], ids=["dense", "moe"])
+def model(request):
+    cfg = request.param
+    return cfg, models.init(cfg, jax.random.key(0))
+
+
+def full_sequences(prompts, rollout, group):
+    """[prompt padding, prompt, completion] rows with segment ids (0 on padding and past the end)."""
+    tokens = np.concatenate([np.repeat(prompts.tokens, group, 0), rollout.tokens], 1)
+    width = prompts.tokens.shape[1]
+    lengths = np.repeat(prompts.lengths, group)
+    segments = np.concatenate([np.arange(width) >= width - lengths[:, None], rollout.mask], 1).astype(np.int32)
+    return jnp.asarray(tokens), jnp.asarray(segments)
+
+
+def test_cached_decoding_matches_a_full_forward_at_every_step(model):
+    cfg, params = model
+    scfg = SCFG
+    prompts = pad_prompts(PROMPTS, scfg)
+    rollout = generate(cfg, params, prompts, jax.random.key(1), scfg)
+    tokens, segments = full_sequences(prompts, rollout, scfg.group_size)
+    reference = models.logits(cfg, params, tokens, segment_ids=segments)
+    width, steps = scfg.max_prompt_len, scfg.max_new_tokens
+    step = jax.jit(decode_step, static_argnums=0)
+    logits, cache = jax.jit(prefill, static_argnums=(0, 3, 4))(cfg, params, prompts, scfg.group_size, width + steps - 1)
+    lengths = jnp.repeat(prompts.lengths, scfg.group_size)
+    for t in range(steps):
+        live = np.asarray(rollout.lengths) > t  # rows still generating at step t
+        np.testing.assert_allclose(logits[live], reference[live, width - 1 + t], rtol=0, atol=1e-5)
+        if t + 1 < steps:
+            logits, cache = step(cfg, params, cache, rollout.tokens[:, t], lengths + t, width + t)
+
+
+def test_logprobs_equal_a_recomputation_on_the_finished_sequences(model):
+    cfg, params = model
+    for scfg in (SCFG, SamplingConfig(max_prompt_len=8, max_new_tokens=10, group_size=2, temperature=1.3,
+                                      top_k=5, top_p=0.9, stop_tokens=(17,))):
+        prompts = pad_prompts(PROMPTS, scfg)
+        rollout = generate(cfg, params, prompts, jax.random.key(2), scfg)
+        tokens, segments = full_sequences(prompts, rollout, scfg.group_size)
+        logits = models.logits(cfg, params, tokens, segment_ids=segments)[:, scfg.max_prompt_len - 1 : -1]
+        logprobs = jax.nn.log_softmax(logits / scfg.temperature, axis=-1)
+        expected = np.take_along_axis(np.asarray(logprobs), np.asarray(rollout.tokens)[..., None], -1)[..., 0]
+        mask = np.asarray(rollout.mask)
+        np.testing.assert_allclose(np.where(mask, rollout.logprobs, 0), np.where(mask, expected, 0), atol=1e-5)
+        ends = np.asarray(rollout.tokens)[np.arange(len(mask)), np.asarray(rollout.lengths) - 1]
+        stopped = np.isin(ends, (5, *scfg.stop_tokens))
+        np.testing.assert_array_equal(rollout.truncated, ~stopped)
+        assert (np.asarray(rollout.lengths)[~stopped] == scfg.max_new_tokens).all()
+
+
+def test_same_seed_same_samples_whatever_the_batch_composition(model):
+    cfg, params = model
+    key = jax.random.key(3)
+    both = generate(cfg, params, pad_prompts(PROMPTS, SCFG), key, SCFG)
+    first = generate(cfg, params, pad_prompts(PROMPTS[:2], SCFG), key, SCFG)
+    rows = 2 * SCFG.group_size
+    np.testing.assert_array_equal(first.tokens, both.tokens[:rows])
+    np.testing.assert_allclose(first.logprobs, both.logprobs[:rows], atol=1e-6)
+    other = generate(cfg, params, pad_prompts(PROMPTS[:2], SCFG), jax.random.key(4), SCFG)
+    assert (np.asarray(other.tokens) != np.asarray(first.tokens)).any()
+    samples = np.asarray(both.tokens).reshape(len(PROMPTS), SCFG.group_size, -1)
+    assert (samples[:, 0] != samples[:, 1]).any()  # the G samples of a prompt differ
+
+
+@pytest.mark.parametrize(
+    "prompts,scfg,message",
+    [
+        ([[1] * 9], SCFG, "max_prompt_len=8"),
+        ([[1, 2], []], SCFG, "prompt 1 is empty"),
+    ],
+)
+def test_bad_prompts_fail_before_compiling(prompts, scfg, message):
+    with pytest.raises(ValueError, match=message):
+        generate(DENSE, None, pad_prompts(prompts, scfg), jax.random.key(0), scfg)
+
+
+def test_bad_arrays_and_configs_fail_before_compiling():
+    too_long = pad_prompts([[1, 2]], SCFG)
+    with pytest.raises(ValueError, match="claims 9 tokens"):
+        generate(DENSE, None, type(too_long)(too_long.tokens, jnp.array([9])), jax.random.key(0), SCFG)
+    with pytest.raises(ValueError, match="empty"):
+        generate(DENSE, None, type(too_long)(too_long.tokens, jnp.array([0])), jax.random.key(0), SCFG)
+    with pytest.raises(ValueError, match="6 tokens wide"):
+        generate(DENSE, None, pad_prompts([[1]], SamplingConfig(max_prompt_len=6)), jax.random.key(0), SCFG)
+    with pytest.raises(ValueError, match="group_size=0"):
+        SamplingConfig(group_size=0)
+    with pytest.raises(ValueError, match="stop ids"):
+        generate(DENSE, None, too_long, jax.random.key(0), SamplingConfig(max_prompt_len=8, stop_tokens=(96,)))
