@@ -1,0 +1,131 @@
+"""Advantage estimators against hand arithmetic and a float64 NumPy reference (a loop over groups)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages
+
+EPS = 1e-6
+
+
+def cfg(name, **kw):
+    return AlgorithmConfig(advantage=name, adv_eps=EPS, **kw)
+
+
+# ----------------------------------------------------------------------------- NumPy reference
+def np_estimate(name, r, groups, lengths):
+    out = np.zeros_like(r)
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        rg, size = r[idx], len(idx)
+        if name == "group_std":
+            out[idx] = (rg - rg.mean()) / (rg.std(ddof=1) + EPS)
+        elif name == "group_mean":
+            out[idx] = rg - rg.mean()
+        elif name == "rloo":
+            out[idx] = [rg[i] - np.delete(rg, i).mean() for i in range(size)]
+        elif name == "opo":
+            lg = lengths[idx]
+            out[idx] = rg - (lg * rg).sum() / lg.sum()
+        elif name == "batch_std":
+            out[idx] = (rg - rg.mean()) / (r.std(ddof=1) + EPS)
+        else:
+            raise KeyError(f"no NumPy reference for advantage {name!r}: add one here")
+    return out
+
+
+def np_advantages(c, rewards, groups, lengths):
+    rewards = rewards.reshape(len(rewards), -1)
+    w = np.asarray(c.reward_weights or (1.0,) * rewards.shape[1])
+    if c.reward_combine == "sum_then_normalize":
+        adv = np_estimate(c.advantage, rewards @ w, groups, lengths)
+    else:
+        s = sum(wk * np_estimate(c.advantage, rewards[:, k], groups, lengths) for k, wk in enumerate(w))
+        adv = (s - s.mean()) / (s.std(ddof=1) + EPS)
+    if c.gpg_scale:
+        valid = np.array([np.ptp(rewards[groups == g], axis=0).any() for g in groups])
+        adv = adv * len(adv) / max(valid.sum(), 1)
+    return adv
+
+
+def random_rewards(seed, n_groups=4, g=3, k=1):
+    rng = np.random.default_rng(seed)
+    rewards = rng.integers(0, 3, (n_groups * g, k)).astype(np.float64) * 0.5 + rng.normal(0, 0.1, (n_groups * g, k)) * (rng.random((n_groups * g, k)) < 0.5)
+    rewards[:g] = 1.0  # one group with zero reward variance
+    lengths = rng.integers(1, 20, n_groups * g)
+    return rewards.astype(np.float32), lengths
+
+
+@pytest.mark.parametrize("name", list(ADVANTAGES))
+@pytest.mark.parametrize("options", [dict(), dict(gpg_scale=True), dict(reward_weights=(1.0, 0.5)),
+                                     dict(reward_weights=(1.0, 0.5), reward_combine="normalize_then_sum")])
+def test_estimators_match_numpy(name, options):
+    c = cfg(name, **options)
+    k = len(c.reward_weights) or 1
+    rewards, lengths = random_rewards(hash((name, str(options))) % 1000, k=k)
+    groups = np.arange(len(rewards)) // 3
+    got = compute_advantages(c, rewards if k > 1 else rewards[:, 0], group_size=3, lengths=lengths)
+    want = np_advantages(c, rewards.astype(np.float64), groups, lengths)
+    assert got.dtype == np.float32 and got.shape == (len(rewards),)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", list(ADVANTAGES))
+def test_group_ids_equal_the_layout(name):
+    rewards, lengths = random_rewards(1)
+    rewards = rewards[:, 0]
+    perm = np.random.default_rng(0).permutation(len(rewards))
+    layout = compute_advantages(cfg(name), rewards, group_size=3, lengths=lengths)
+    ids = (np.arange(len(rewards)) // 3)[perm] * 2  # any ids in [0, N), any order
+    by_ids = compute_advantages(cfg(name), rewards[perm], group_ids=ids, lengths=lengths[perm])
+    np.testing.assert_allclose(by_ids, np.asarray(layout)[perm], rtol=1e-6, atol=1e-6)
+    jitted = jax.jit(lambda r, i, l: compute_advantages(cfg(name), r, group_ids=i, lengths=l))
+    np.testing.assert_allclose(jitted(rewards[perm], ids, lengths[perm]), by_ids, rtol=1e-6, atol=1e-6)
+
+
+def test_hand_numbers():
+    r = np.array([1.0, 2.0, 3.0, 0.0, 0.0, 0.0], np.float32)
+    adv = lambda name, **kw: np.asarray(compute_advantages(cfg(name, **kw), r, group_size=3, lengths=np.array([1, 2, 3, 4, 4, 4])))
+    # group 1: mean 2, std (ddof 1) = sqrt((1 + 0 + 1) / 2) = 1; group 2: all equal -> 0
+    np.testing.assert_allclose(adv("group_std"), [-1, 0, 1, 0, 0, 0], atol=1e-5)
+    np.testing.assert_allclose(adv("group_mean"), [-1, 0, 1, 0, 0, 0], atol=1e-6)
+    # rloo: 1 - (2 + 3) / 2 = -1.5, 2 - (1 + 3) / 2 = 0, 3 - 1.5 = 1.5
+    np.testing.assert_allclose(adv("rloo"), [-1.5, 0, 1.5, 0, 0, 0], atol=1e-6)
+    # opo: baseline (1*1 + 2*2 + 3*3) / (1 + 2 + 3) = 14 / 6
+    np.testing.assert_allclose(adv("opo"), [1 - 14 / 6, 2 - 14 / 6, 3 - 14 / 6, 0, 0, 0], atol=1e-6)
+    # batch_std: batch mean 1, squared deviations 0 + 1 + 4 + 1 + 1 + 1 = 8, std = sqrt(8 / 5)
+    np.testing.assert_allclose(adv("batch_std"), np.array([-1, 0, 1, 0, 0, 0]) / np.sqrt(8 / 5), atol=1e-5)
+    # gpg_scale: N = 6, N_valid = 3 (group 2 has equal rewards) -> x2
+    np.testing.assert_allclose(adv("group_mean", gpg_scale=True), [-2, 0, 2, 0, 0, 0], atol=1e-6)
+
+
+def test_hand_two_reward_functions():
+    # rewards (R1, R2) in one group of 2: (1, 0) and (0, 2), weights (1, 0.5)
+    r = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
+    # sum_then_normalize: R = (1, 1) -> group_mean gives (0, 0)
+    c = cfg("group_mean", reward_weights=(1.0, 0.5))
+    np.testing.assert_allclose(compute_advantages(c, r, group_size=2), [0, 0], atol=1e-6)
+    # normalize_then_sum (GDPO): per column group_mean -> (0.5, -0.5) and (-1, 1); weighted sum
+    # (0.5 - 0.5, -0.5 + 0.5) = (0, 0) -> standardized (0, 0); with weights (1, 0.25): (0.25, -0.25),
+    # batch std (ddof 1) = sqrt(2 * 0.0625) -> (1, -1) / sqrt(2)
+    c = cfg("group_mean", reward_weights=(1.0, 0.25), reward_combine="normalize_then_sum")
+    np.testing.assert_allclose(compute_advantages(c, r, group_size=2), np.array([1, -1]) / np.sqrt(2), atol=1e-5)
+
+
+def test_user_errors():
+    r = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="group_size=1"):
+        compute_advantages(cfg("group_std"), r, group_size=1)
+    with pytest.raises(ValueError, match="single completion"):
+        compute_advantages(cfg("rloo"), r, group_ids=np.array([0, 0, 1, 2]))
+    with pytest.raises(ValueError, match="exactly one of"):
+        compute_advantages(cfg("rloo"), r)
+    with pytest.raises(ValueError, match="do not split"):
+        compute_advantages(cfg("rloo"), r, group_size=3)
+    with pytest.raises(ValueError, match="needs lengths"):
+        compute_advantages(cfg("opo"), r, group_size=2)
+    with pytest.raises(ValueError, match="reward_weights"):
+        compute_advantages(dataclasses.replace(cfg("rloo"), reward_weights=(1.0, 2.0)), r, group_size=2)
