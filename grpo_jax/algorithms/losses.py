@@ -74,7 +74,10 @@ def gspo_token(cfg, logp, old_logp, adv, mask):
 
 @loss("gmpo", sequence=True)
 def gmpo(cfg, logp, old_logp, adv, mask):
-    """GMPO: per-token log-space clip with the sign rule, then u_i = -A_i exp(mean_t D~)."""
+    """GMPO: per-token log-space clip with the sign rule, then u_i = -A_i exp(mean_t D~).
+
+    Its clip flags are per token, where the clip acts (clipped tokens carry no gradient).
+    """
     d = logp - old_logp
     a = adv[:, None]
     d_clip = jnp.where(a > 0, jnp.minimum(d, cfg.eps_high), jnp.maximum(d, -cfg.eps_low))
@@ -135,7 +138,10 @@ def normalizer(cfg: "AlgorithmConfig", mask: Float[Array, "batch seq"], max_comp
     (SamplingConfig.max_new_tokens) used by seq_mean_token_sum_norm.
     """
     if max_completion_len < 1:
-        raise ValueError(f"normalizer: max_completion_len={max_completion_len}; pass the completion limit L_max >= 1.")
+        raise ValueError(
+            f"normalizer: max_completion_len={max_completion_len} (aggregation={cfg.aggregation!r}); pass the "
+            "completion limit L_max >= 1, i.e. SamplingConfig.max_new_tokens."
+        )
     mask = jnp.asarray(mask, jnp.float32)
     return Normalizer(
         num_sequences=jnp.maximum((mask.sum(-1) > 0).sum().astype(jnp.float32), 1.0),
@@ -210,11 +216,12 @@ def policy_loss(
     logp = logp.astype(jnp.float32)
     logp_safe = jnp.where(on, logp, 0.0)  # D = 0 where masked; where() also blocks their gradient
     old_logp = jnp.where(on, old_logp.astype(jnp.float32), 0.0)
+    seq_on = (mask.sum(-1) > 0).astype(jnp.float32)  # completions with >= 1 counted token
     adv = advantages.astype(jnp.float32)
-    adv_tok = adv if adv.ndim == 2 else jnp.broadcast_to(adv[:, None], logp.shape)
-    adv_tok = jnp.where(on, adv_tok, 0.0)
+    if not is_seq:
+        adv = jnp.where(on, adv if adv.ndim == 2 else jnp.broadcast_to(adv[:, None], logp.shape), 0.0)
 
-    u, low, high = LOSSES[cfg.loss](cfg, logp_safe, old_logp, adv if is_seq else adv_tok, mask)
+    u, low, high = LOSSES[cfg.loss](cfg, logp_safe, old_logp, adv, mask)
 
     metrics = {}
     if sampler_logp is not None:
@@ -223,33 +230,32 @@ def policy_loss(
             log_w = samp_diff if cfg.tis_level == "token" else samp_diff.sum(-1)
             w = sg(jnp.minimum(jnp.exp(log_w), cfg.tis_cap))
             u = u * (w[:, None] if w.ndim < u.ndim else w)
-            metrics["tis_weight_mean"] = _mean(w, mask if cfg.tis_level == "token" else (mask.sum(-1) > 0))
+            metrics["tis_weight_mean"] = _mean(w, mask if cfg.tis_level == "token" else seq_on)
         metrics["sampler_drift_mean"] = _mean(jnp.abs(samp_diff), mask)
         metrics["sampler_drift_max"] = _max(jnp.abs(samp_diff), mask)
 
     reg = jnp.zeros_like(logp_safe)
     if ref_logp is not None:
         ref_logp = jnp.where(on, ref_logp.astype(jnp.float32), 0.0)
-        metrics["kl_k3_mean"] = _mean(_k3(sg(logp_safe), ref_logp), mask)
+        metrics["kl_k3_mean"] = _mean(_k3(logp_safe, ref_logp), mask)
         if cfg.beta > 0:
             reg = reg + cfg.beta * kl_penalty(cfg, logp_safe, ref_logp)
     if entropy is not None:
         entropy = jnp.where(on, entropy.astype(jnp.float32), 0.0)
-        metrics["entropy_mean"] = _mean(sg(entropy), mask)
+        metrics["entropy_mean"] = _mean(entropy, mask)
         if cfg.entropy_coef != 0:
             reg = reg - cfg.entropy_coef * entropy
     u = u + _seq_mean(reg, mask) if is_seq else u + reg
     loss_value = aggregate(cfg.aggregation, u, mask, normalizer)
 
     d = sg(logp_safe - old_logp)
-    unit_w = mask if low.ndim == 2 else (mask.sum(-1) > 0).astype(jnp.float32)  # tokens or sequences
+    unit_w = mask if low.ndim == 2 else seq_on  # clip flags per token or per sequence
     metrics["clip_frac_low"] = _mean(low.astype(jnp.float32), unit_w)
     metrics["clip_frac_high"] = _mean(high.astype(jnp.float32), unit_w)
     metrics["ratio_mean"] = _mean(jnp.exp(d), mask)
     metrics["ratio_min"] = _min(jnp.exp(d), mask)
     metrics["ratio_max"] = _max(jnp.exp(d), mask)
     metrics["log_ratio_abs_max"] = _max(jnp.abs(d), mask)
-    metrics["advantage_mean"] = _mean(adv_tok, mask)
     return loss_value, jax.tree.map(sg, metrics)
 
 
