@@ -56,6 +56,7 @@ def test_overrides():
     (dict(eps_low=1.0), "eps_low=1.0"),
     (dict(beta=-1.0), "beta=-1.0"),
     (dict(num_iterations=0), "num_iterations"),
+    (dict(loss="reinforce", num_iterations=2), "off-policy without correction"),
     (dict(overlong_buffer_frac=1.5), "overlong_buffer_frac"),
 ])
 def test_bad_configs_fail_at_construction(kwargs, match):

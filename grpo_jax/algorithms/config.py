@@ -11,6 +11,7 @@ from grpo_jax.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES, SEQU
 
 REWARD_COMBINES = ("sum_then_normalize", "normalize_then_sum")
 TIS_LEVELS = (None, "token", "sequence")
+UNCORRECTED_LOSSES = ("reinforce",)  # exactly on-policy: valid only for the first pass over a batch
 SURROGATE_LOSSES = ("ppo_clip", "gspo", "gspo_token")  # the users of clipped_surrogate (delta, clip_c)
 
 
@@ -80,6 +81,12 @@ class AlgorithmConfig:
             )
         if sequence and self.tis_level == "token":
             raise ValueError(f"AlgorithmConfig: loss={self.loss!r} is per completion; use tis_level='sequence'.")
+        if self.loss in UNCORRECTED_LOSSES and self.num_iterations > 1:
+            raise ValueError(
+                f"AlgorithmConfig: loss={self.loss!r} has no importance ratio, so passes 2..{self.num_iterations} "
+                "over a rollout batch would be off-policy without correction; use num_iterations=1 or a ratio "
+                "loss (e.g. ppo_clip)."
+            )
         if self.eps_low < 0 or self.eps_high < 0:
             raise ValueError(f"AlgorithmConfig: eps_low={self.eps_low}, eps_high={self.eps_high} must be >= 0.")
         if self.loss != "gmpo" and self.eps_low >= 1:

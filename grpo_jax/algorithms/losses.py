@@ -181,11 +181,11 @@ def policy_loss(
     old_logp: Float[Array, "batch seq"],
     advantages: Float[Array, " batch"] | Float[Array, "batch seq"],
     mask: Float[Array, "batch seq"],
-    *,
-    normalizer: Normalizer,
     ref_logp: Float[Array, "batch seq"] | None = None,
     sampler_logp: Float[Array, "batch seq"] | None = None,
     entropy: Float[Array, "batch seq"] | None = None,
+    *,
+    normalizer: Normalizer,
 ) -> tuple[Float[Array, ""], dict[str, tuple[Float[Array, ""], Float[Array, ""]]]]:
     """(loss, metrics) of one micro-batch: its exact share of the step loss given the step `normalizer`.
 
