@@ -1,0 +1,88 @@
+"""One small tokenizer interface over a Hugging Face tokenizer directory or a sentencepiece model.
+
+`encode` never adds special tokens: a chat template (or the caller) places BOS and turn markers,
+so the same text always maps to the same ids. `decode` drops special tokens (rewards read text).
+A tokenizer without a pad token pads with its end-of-sequence id.
+"""
+
+import pathlib
+from typing import Protocol, Sequence
+
+
+class Tokenizer(Protocol):
+    eos_id: int
+    pad_id: int
+    vocab_size: int
+    has_chat_template: bool
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+
+class HFTokenizer:
+    """A `transformers` tokenizer loaded from a local directory."""
+
+    def __init__(self, path: pathlib.Path):
+        import transformers
+
+        self._tok = transformers.AutoTokenizer.from_pretrained(str(path))
+        if self._tok.eos_token_id is None:
+            raise ValueError(f"{path}: the tokenizer defines no eos_token; set it in tokenizer_config.json")
+        self.eos_id = self._tok.eos_token_id
+        self.pad_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_id
+        self.vocab_size = len(self._tok)
+        self.has_chat_template = self._tok.chat_template is not None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if not self.has_chat_template:
+            raise ValueError("this tokenizer has no chat_template; format prompts as plain text instead")
+        return self._tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+
+class SentencePieceTokenizer:
+    """A sentencepiece `.model` file (no chat template)."""
+
+    has_chat_template = False
+
+    def __init__(self, path: pathlib.Path):
+        import sentencepiece
+
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        if self._sp.eos_id() < 0:
+            raise ValueError(f"{path}: the sentencepiece model defines no eos piece (eos_id = -1)")
+        self.eos_id = self._sp.eos_id()
+        self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+        self.vocab_size = self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        raise ValueError("a sentencepiece tokenizer has no chat_template; format prompts as plain text")
+
+
+def load_tokenizer(path: str | pathlib.Path) -> Tokenizer:
+    """A HF tokenizer directory (tokenizer.json / tokenizer_config.json) or a sentencepiece .model file."""
+    path = pathlib.Path(path)
+    if path.is_file() and path.suffix == ".model":
+        return SentencePieceTokenizer(path)
+    if path.is_dir() and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return HFTokenizer(path)
+    raise FileNotFoundError(
+        f"{path}: expected a Hugging Face tokenizer directory (with tokenizer.json or "
+        "tokenizer_config.json) or a sentencepiece .model file"
+    )

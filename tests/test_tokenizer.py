@@ -1,0 +1,75 @@
+"""The tokenizer interface over a locally built HF tokenizer and a locally trained sentencepiece model."""
+
+import pytest
+import sentencepiece
+import tokenizers
+import transformers
+
+from grpo_jax.tokenizer import HFTokenizer, SentencePieceTokenizer, load_tokenizer
+
+CHAT = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    words = ["<pad>", "<eos>", "<|end|>", "<|user|>", "<|assistant|>", "[UNK]", "what", "is", "two", "plus", "four", "?"]
+    model = tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]")
+    tok = tokenizers.Tokenizer(model)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="[UNK]",
+        additional_special_tokens=["<|end|>", "<|user|>", "<|assistant|>"],
+    )
+    fast.chat_template = CHAT
+    path = tmp_path_factory.mktemp("hf_tok")
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sp_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sp")
+    text = path / "corpus.txt"
+    text.write_text("\n".join(f"the number {i} plus {i + 1} is {2 * i + 1}" for i in range(200)))
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(path / "tiny"), vocab_size=40, model_type="bpe",
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+    )
+    return path / "tiny.model"
+
+
+def test_hf_tokenizer(hf_dir):
+    tok = load_tokenizer(hf_dir)
+    assert isinstance(tok, HFTokenizer)
+    assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 0, 12)
+    ids = tok.encode("what is two plus four ?")
+    assert ids == [6, 7, 8, 9, 10, 11]
+    assert tok.decode(ids[:-1] + [tok.eos_id, tok.pad_id]) == "what is two plus four"
+    assert tok.has_chat_template
+    prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
+    assert prompt == "<|user|> what is two ? <|end|> <|assistant|> "
+    assert tok.encode(prompt) == [3, 6, 7, 8, 11, 2, 4]
+
+
+def test_sentencepiece_tokenizer(sp_model):
+    tok = load_tokenizer(sp_model)
+    assert isinstance(tok, SentencePieceTokenizer)
+    assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (3, 0, 40)
+    ids = tok.encode("the number 12 plus 13 is 25")
+    assert tok.eos_id not in ids and 2 not in ids  # no special tokens added
+    assert tok.decode(ids) == "the number 12 plus 13 is 25"
+    assert not tok.has_chat_template
+    with pytest.raises(ValueError, match="chat_template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_unknown_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_tokenizer(tmp_path)
