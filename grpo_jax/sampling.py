@@ -12,9 +12,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from grpo_jax import models
+from grpo_jax import models, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
 
 Cache = dict[str, Array]  # grpo_jax.models.init_cache: k, v [layers, batch, slot, kv_heads, head_dim], segment_ids
@@ -172,15 +173,22 @@ def decode(step, carry, logits, keys: Key[Array, "batch"], stop_ids: tuple[int, 
 
 
 def generate(
-    cfg: ModelConfig, params, prompts: Prompts, rng: Key[Array, ""], sampling_cfg: SamplingConfig
+    cfg: ModelConfig,
+    params,
+    prompts: Prompts,
+    rng: Key[Array, ""],
+    sampling_cfg: SamplingConfig,
+    mesh: Mesh | None = None,
 ) -> Rollout:
     """`group_size` completions of every prompt, stopping at `cfg.eos_token_id` or `stop_tokens`.
 
-    Compiled once per (configs, number of prompts); the KV cache is allocated inside the program, so
-    XLA updates it in place across decode steps and reuses its buffers.
+    With a mesh, pass params placed by `grpo_jax.sharding.shard_params`; rows and the KV cache are
+    sharded by the `batch` rule (data, fsdp), kv heads by `kv_heads` (tensor). Compiled once per
+    (configs, mesh, number of prompts). The cache is allocated inside the program, so XLA updates it
+    in place across decode steps; params are only read (the trainer keeps them, so no donation).
     """
     stop_ids = _check(cfg, prompts, sampling_cfg)
-    return _rollout(cfg, sampling_cfg, stop_ids, params, prompts, rng)
+    return _rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
 
 
 def _check(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
@@ -241,14 +249,20 @@ def _logits(cfg, params, hidden):
     return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _rollout(cfg, sampling_cfg, stop_ids, params, prompts, rng):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng):
     width, group = prompts.tokens.shape[1], sampling_cfg.group_size
-    logits, cache = prefill(cfg, params, prompts, group, width + sampling_cfg.max_new_tokens - 1)
+    cache_len = width + sampling_cfg.max_new_tokens - 1
+    logits, cache = prefill(cfg, params, prompts, group, cache_len)
     lengths = jnp.repeat(prompts.lengths, group)
+    shard = lambda cache: cache  # noqa: E731
+    if mesh is not None:  # keep the cache's layout fixed through the loop; GSPMD propagates the rest
+        shardings = sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache_len)
+        shard = functools.partial(jax.lax.with_sharding_constraint, shardings=shardings)
 
     def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
-        return decode_step(cfg, params, cache, tokens, lengths + t, width + t)
+        logits, cache = decode_step(cfg, params, cache, tokens, lengths + t, width + t)
+        return logits, shard(cache)
 
     keys = row_keys(rng, prompts.tokens.shape[0], group)
-    return decode(step, cache, logits, keys, stop_ids, sampling_cfg)
+    return decode(step, shard(cache), logits, keys, stop_ids, sampling_cfg)

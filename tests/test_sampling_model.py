@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import models
-from grpo_jax.config import SamplingConfig
+from grpo_jax import models, sharding
+from grpo_jax.config import MeshConfig, SamplingConfig
 from grpo_jax.sampling import decode_step, generate, pad_prompts, prefill
 
 DENSE = models.ModelConfig(
@@ -85,6 +85,26 @@ def test_same_seed_same_samples_whatever_the_batch_composition(model):
     assert (np.asarray(other.tokens) != np.asarray(first.tokens)).any()
     samples = np.asarray(both.tokens).reshape(len(PROMPTS), SCFG.group_size, -1)
     assert (samples[:, 0] != samples[:, 1]).any()  # the G samples of a prompt differ
+
+
+@pytest.mark.parametrize(
+    "cfg,mesh_cfg",
+    [(DENSE, MeshConfig(data=8)), (DENSE, MeshConfig(data=2, fsdp=2, tensor=2)),
+     (MOE, MeshConfig(data=2, tensor=2, expert=2))],
+    ids=["dense-data8", "dense-data2-fsdp2-tensor2", "moe-data2-tensor2-expert2"],
+)
+def test_same_seed_same_samples_on_a_mesh_as_on_one_device(cfg, mesh_cfg):
+    scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=10, group_size=2)  # 8 rows: one per device
+    params = models.init(cfg, jax.random.key(0))
+    prompts = pad_prompts(PROMPTS, scfg)
+    single = generate(cfg, params, prompts, jax.random.key(5), scfg)
+    mesh = sharding.make_mesh(mesh_cfg)
+    sharded = generate(cfg, sharding.shard_params(params, cfg, mesh), prompts, jax.random.key(5), scfg, mesh)
+    np.testing.assert_array_equal(sharded.tokens, single.tokens)
+    np.testing.assert_array_equal(sharded.lengths, single.lengths)
+    np.testing.assert_allclose(sharded.logprobs, single.logprobs, atol=1e-5)
+    per_device = 8 // (mesh.shape["data"] * mesh.shape["fsdp"])  # rows really are split over (data, fsdp)
+    assert {shard.data.shape[0] for shard in sharded.tokens.addressable_shards} == {per_device}
 
 
 @pytest.mark.parametrize(
