@@ -169,13 +169,23 @@ def _backward_fn(plan):
 # (O(N d), cheap) and token chunks whose rows are all masked are skipped.
 
 
-def _vocab_chunk(plan, unembed, j, tv):
-    """(w chunk, its column ids [tv], which of them are new in chunk j [tv])."""
-    v = unembed.shape[0] if plan.transposed else unembed.shape[1]
+def _bits(x):
+    """16-bit float matrices enter the loops as raw bits: XLA:CPU (no bf16 dot) would otherwise
+    widen the whole loop-carried [d, V] matrix to float32, a hidden copy. Free on every backend."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if x.dtype.itemsize == 2 else x
+
+
+def _unbits(x, dtype):
+    return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
+
+
+def _vocab_chunk(plan, unembed_bits, dtype, j, tv):
+    """(w chunk of dtype, its column ids [tv], which of them are new in chunk j [tv])."""
+    v = unembed_bits.shape[0] if plan.transposed else unembed_bits.shape[1]
     start = jnp.minimum(j * tv, v - tv)
-    w = jax.lax.dynamic_slice_in_dim(unembed, start, tv, axis=0 if plan.transposed else 1)
+    w = jax.lax.dynamic_slice_in_dim(unembed_bits, start, tv, axis=0 if plan.transposed else 1)
     cols = start + jnp.arange(tv)
-    return w, cols, cols >= j * tv
+    return _unbits(w, dtype), cols, cols >= j * tv
 
 
 def _tiles(plan, hidden, unembed):
@@ -195,13 +205,14 @@ def _rows(tn, nt, *arrays):
 
 def _chunked_forward(plan, hidden, unembed, targets, mask):
     tn, tv, nt, nv = _tiles(plan, hidden, unembed)
+    w_bits = _bits(unembed)
 
     def token_chunk(args):
         h, t, m = args
 
         def compute():
             def vocab_step(stats, j):
-                w, cols, fresh = _vocab_chunk(plan, unembed, j, tv)
+                w, cols, fresh = _vocab_chunk(plan, w_bits, unembed.dtype, j, tv)
                 z = _tile.logits(h, w, plan.inv_temp, plan.transposed)
                 hit = cols[None, :] == t
                 return _tile.update_stats(stats, z, fresh[None, :], hit), None
@@ -222,10 +233,11 @@ def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_e
     per_row = [targets, mask, lse, ez, g_logp] + ([g_ent] if g_ent is not None else [])
     rows = _rows(tn, nt, hidden, *(a[:, None] for a in per_row))
     vaxis = 0 if plan.transposed else 1
+    w_bits = _bits(unembed)
 
     def vocab_step(carry, j):
-        dh, dw = carry
-        w, cols, fresh = _vocab_chunk(plan, unembed, j, tv)
+        dh, dw = carry  # dw: raw bits of d unembed, like w_bits
+        w, cols, fresh = _vocab_chunk(plan, w_bits, unembed.dtype, j, tv)
 
         def token_step(dw_chunk, row):
             h, t, m, lse_c, ez_c, gl, *ge = row
@@ -248,12 +260,11 @@ def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_e
 
         dw_chunk, dh_parts = jax.lax.scan(token_step, jnp.zeros(w.shape, jnp.float32), rows)
         start = jnp.minimum(j * tv, unembed.shape[vaxis] - tv)
-        old = jax.lax.dynamic_slice_in_dim(dw, start, tv, axis=vaxis)  # zeros, or the overlap
-        dw = jax.lax.dynamic_update_slice_in_dim(
-            dw, (old.astype(jnp.float32) + dw_chunk).astype(dw.dtype), start, axis=vaxis
-        )
+        old = jax.lax.dynamic_slice_in_dim(dw, start, tv, axis=vaxis)  # keeps the overlap
+        new = jnp.where(jnp.expand_dims(fresh, 1 - vaxis), _bits(dw_chunk.astype(w.dtype)), old)
+        dw = jax.lax.dynamic_update_slice_in_dim(dw, new, start, axis=vaxis)
         return (dh + dh_parts, dw), None
 
-    init = (jnp.zeros((nt, tn, hidden.shape[1]), jnp.float32), jnp.zeros_like(unembed))
+    init = (jnp.zeros((nt, tn, hidden.shape[1]), jnp.float32), _bits(jnp.zeros_like(unembed)))
     (dh, dw), _ = jax.lax.scan(vocab_step, init, jnp.arange(nv))
-    return dh.reshape(nt * tn, -1)[: hidden.shape[0]], dw
+    return dh.reshape(nt * tn, -1)[: hidden.shape[0]], _unbits(dw, unembed.dtype)
