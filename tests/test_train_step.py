@@ -1,0 +1,172 @@
+"""The jitted train step against an unjitted full-logits reference with a hand-written AdamW."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from grpo_jax import algorithms, models
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
+
+MODEL = models.ModelConfig(
+    model_type="qwen3", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, tie_word_embeddings=True,
+)
+# eps=1e-4 keeps Adam's g / (|g| + eps) well conditioned, so 1e-6 on params tests the step, not noise.
+OPTIM = OptimConfig(learning_rate=1e-3, weight_decay=0.1, eps=1e-4, max_grad_norm=0.05)
+B, PROMPT, NEW = 8, 5, 6
+
+
+def config(preset: str, micro_batches: int = 2) -> Config:
+    return Config(
+        model=MODEL,
+        sampling=SamplingConfig(max_prompt_len=PROMPT, max_new_tokens=NEW, group_size=4, temperature=0.7),
+        algorithm=algorithms.AlgorithmConfig.from_preset(preset),
+        optim=OPTIM,
+        train=TrainConfig(micro_batches=micro_batches),
+    )
+
+
+@pytest.fixture(scope="module")
+def params():
+    return models.init(MODEL, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def rollouts(params):
+    """Random rollouts and their true log-probs under `params`."""
+    rng = np.random.default_rng(1)
+    prompt_lengths = rng.integers(1, PROMPT + 1, B)
+    prompts = np.where(np.arange(PROMPT) >= PROMPT - prompt_lengths[:, None], rng.integers(3, 48, (B, PROMPT)), 0)
+    lengths = rng.integers(0, NEW + 1, B)
+    lengths[0] = NEW
+    mask = (np.arange(NEW) < lengths[:, None]).astype(np.float32)
+    completions = np.where(mask > 0, rng.integers(3, 48, (B, NEW)), 0)
+    tokens, positions, segments = ts.sequences(jnp.asarray(prompts), jnp.asarray(prompt_lengths), jnp.asarray(completions))
+    logp, _ = jax.jit(reference_logprobs, static_argnums=4)(params, tokens, positions, segments, 0.7)
+    return tokens, positions, segments, mask, np.asarray(logp)
+
+
+def make_batch(rollouts, noise: float, seed: int = 2) -> ts.Batch:
+    """l^old is the true log-prob plus noise of about the clip range, so ratios leave 1 and some clip."""
+    tokens, positions, segments, mask, logp = rollouts
+    rng = np.random.default_rng(seed)
+    old = np.where(mask > 0, logp + rng.normal(0, noise, (B, NEW)), 0).astype(np.float32)
+    sampler = np.where(mask > 0, old + rng.normal(0, 0.05, (B, NEW)), 0).astype(np.float32)
+    adv = rng.normal(size=B).astype(np.float32)
+    return ts.Batch(tokens, positions, segments, jnp.asarray(mask), jnp.asarray(old), jnp.asarray(sampler), jnp.asarray(adv))
+
+
+def reference_logprobs(params, tokens, positions, segments, temperature):
+    """Full [B, S, V] logits, float32 log-softmax: the thing the train step must never build."""
+    logits = models.logits(MODEL, params, tokens[:, :-1], positions[:, :-1], segments[:, :-1])[:, -NEW:]
+    logz = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+    logp = jnp.take_along_axis(logz, tokens[:, -NEW:, None], axis=-1)[..., 0]
+    return logp, -(jnp.exp(logz) * logz).sum(-1)
+
+
+def reference_loss(cfg: Config, params, ref_params, batch: ts.Batch):
+    logp, entropy = reference_logprobs(params, batch.tokens, batch.positions, batch.segment_ids, cfg.sampling.temperature)
+    ref = None
+    if ref_params is not None:
+        ref = reference_logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, cfg.sampling.temperature)[0]
+    loss, _ = algorithms.policy_loss(
+        cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=ref,
+        sampler_logp=batch.sampler_logp, entropy=entropy,
+        normalizer=algorithms.normalizer(cfg.algorithm, batch.mask, NEW),
+    )
+    return loss
+
+
+def reference_adamw(params, grads, m, v, t, o: OptimConfig):
+    """Global-norm clipping, then AdamW with bias correction, in float64 numpy."""
+    g = [np.asarray(x, np.float64) for x in grads]
+    norm = np.sqrt(sum((x**2).sum() for x in g))
+    g = [x * min(1.0, o.max_grad_norm / norm) for x in g]
+    m = [o.b1 * a + (1 - o.b1) * x for a, x in zip(m, g)]
+    v = [o.b2 * a + (1 - o.b2) * x**2 for a, x in zip(v, g)]
+    new = [
+        p - o.learning_rate * ((a / (1 - o.b1**t)) / (np.sqrt(b / (1 - o.b2**t)) + o.eps) + o.weight_decay * p)
+        for p, a, b in zip(params, m, v)
+    ]
+    return new, m, v, norm
+
+
+def single_device_step(cfg: Config, optimizer, params):
+    """(jitted step, initial state placed as the step expects it) on one device."""
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
+    rep = NamedSharding(mesh, P())
+    step = ts.jit_train_step(cfg, optimizer, rep, rep if cfg.algorithm.beta > 0 else None, rep)
+    return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), rep)
+
+
+NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
+
+
+@pytest.mark.parametrize("preset", ["grpo", "gspo", "dr_grpo"])
+def test_jitted_step_equals_unjitted_reference(preset, params, rollouts):
+    cfg = config(preset)
+    batch = make_batch(rollouts, NOISE.get(preset, 0.2))
+    ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
+    optimizer = ts.make_optimizer(cfg.optim, total_updates=10)
+    step, state = single_device_step(cfg, optimizer, params)
+
+    leaves, treedef = jax.tree.flatten(params)
+    p_ref = [np.asarray(x, np.float64) for x in leaves]
+    m = [np.zeros_like(x) for x in p_ref]
+    v = [np.zeros_like(x) for x in p_ref]
+    for t in (1, 2):  # the second update sees moved params and non-zero Adam moments
+        current = jax.tree.unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in p_ref])
+        loss, grads = jax.value_and_grad(reference_loss, argnums=1)(cfg, current, ref_params, batch)
+        p_ref, m, v, norm = reference_adamw(p_ref, jax.tree.leaves(grads), m, v, t, cfg.optim)
+        state, metrics = step(state, ref_params, batch)
+        np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
+        assert norm > cfg.optim.max_grad_norm  # gradient clipping is exercised
+        assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1  # and so is ratio clipping
+        for got, want in zip(jax.tree.leaves(state.params), p_ref):
+            np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    assert int(state.step) == 2 and int(state.skipped) == 0
+
+
+def test_micro_batches_do_not_change_the_update(params, rollouts):
+    batch = make_batch(rollouts, NOISE["gspo"], seed=3)
+    outs = []
+    for k in (1, 4):
+        cfg = config("gspo", micro_batches=k)
+        step, state = single_device_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
+        outs.append(step(state, None, batch))
+    (s1, m1), (s4, m4) = outs
+    for name in m1:
+        np.testing.assert_allclose(m1[name], m4[name], rtol=2e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_non_finite_update_is_skipped_and_counted(poison, params, rollouts):
+    cfg = config("gspo")
+    step, state = single_device_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
+    batch = make_batch(rollouts, NOISE["gspo"])
+    state, _ = step(state, None, batch)
+    before = jax.device_get(state)
+    bad = dataclasses.replace(batch, advantages=batch.advantages.at[0].set(poison))
+    state, metrics = step(state, None, bad)
+    assert not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"])
+    assert int(state.skipped) == 1 and int(state.step) == 1 and metrics["skipped_updates"] == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state))):
+        if a.dtype != jnp.int32 or a.shape:
+            np.testing.assert_array_equal(a, b)
+    state, _ = step(state, None, batch)  # and training goes on
+    assert int(state.step) == 2 and int(state.skipped) == 1
+
+
+def test_schedule_warmup_then_cosine():
+    sched = ts.learning_rate(OptimConfig(learning_rate=1.0, warmup_steps=4, schedule="cosine"), total_updates=12)
+    np.testing.assert_allclose([sched(s) for s in (0, 2, 4, 8, 12)], [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
+    const = ts.learning_rate(OptimConfig(learning_rate=0.3), total_updates=12)
+    np.testing.assert_allclose([const(s) for s in (0, 5, 100)], 0.3)
