@@ -114,3 +114,15 @@ def test_global_batch_rejects_indivisible_batch():
         sharding.global_batch(np.zeros((6, 3)), mesh)
     ok = sharding.global_batch({"tokens": np.zeros((8, 3), np.int32)}, mesh)
     assert ok["tokens"].shape == (8, 3) and ok["tokens"].dtype == jnp.int32
+
+
+def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
+    mesh = sharding.make_mesh(MeshConfig(1, 2, 4))
+    tokens, want = reference
+    with jax.set_mesh(mesh):
+        hidden = jax.jit(models.forward, static_argnums=0)(
+            CFG, sharding.shard_params(params, CFG, mesh), sharding.global_batch(tokens, mesh)
+        )
+    assert hidden.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 3), 3)
+    got = np.asarray(hidden) @ np.asarray(params["lm_head"])
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -223,6 +223,17 @@ def _moe(cfg, p, x):
     return jnp.einsum("btef,efd->btd", h, p["down"]), router_logits
 
 
+def _constrain(x, axes: tuple[str | None, ...]):
+    """Pins an activation's sharding by the logical rules when traced under `jax.set_mesh(mesh)`;
+    without a mesh in context this is the identity and GSPMD propagates from the inputs."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    from grpo_jax.sharding import logical_spec  # sharding imports models: import late
+
+    return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh))
+
+
 _REMAT_POLICY = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
@@ -241,7 +252,7 @@ def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
 def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
     cdt = cfg.jnp_compute_dtype
     cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
-    x = params["embed"][tokens].astype(cdt)
+    x = _constrain(params["embed"][tokens].astype(cdt), ("batch", "seq", "embed"))
     if cache is None:
         k_segment_ids = segment_ids
     else:
@@ -263,7 +274,8 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
             x = x + a
             h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
             m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
-            return x + m, (kv if cache is not None else None, logits)
+            x = _constrain(x + m, ("batch", "seq", "embed"))
+            return x, (kv if cache is not None else None, logits)
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat])
