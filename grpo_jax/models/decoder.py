@@ -178,8 +178,9 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
-    """Self-attention of T new tokens; with a cache (kv) they are written at slots [index, index+T)."""
+def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
+    """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
+    are written in place at [layer, :, index:index+T] and all slots of this layer are attended."""
     q = jnp.einsum("btd,dnh->btnh", x, p["q"])
     k = jnp.einsum("btd,dkh->btkh", x, p["k"])
     v = jnp.einsum("btd,dkh->btkh", x, p["v"])
@@ -192,8 +193,9 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
     q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
     q_slot = index + jnp.arange(x.shape[1])
     if kv is not None:
-        k = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), index, axis=1)
-        v = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), index, axis=1)
+        at = (layer, 0, index, 0, 0)
+        kv = tuple(jax.lax.dynamic_update_slice(c, n.astype(c.dtype)[None], at) for c, n in zip(kv, (k, v)))
+        k, v = kv[0][layer], kv[1][layer]
     k_slot = jnp.arange(k.shape[1])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
@@ -201,7 +203,7 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
         & (q_slot[:, None] >= k_slot[None, :])
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
-    return jnp.einsum("btnh,nhd->btd", out, p["o"]), (k, v)
+    return jnp.einsum("btnh,nhd->btd", out, p["o"]), kv
 
 
 def _mlp(p, x):
@@ -259,40 +261,32 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
         k_segment_ids = jax.lax.dynamic_update_slice_in_dim(
             cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
         )
-    new_k, new_v, router_logits = [], [], []
+    kv = None if cache is None else (cache["k"], cache["v"])
+    router_logits = []
     for is_moe, start, stop, kind_start in _runs(cfg):
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
         mlp_p = jax.tree.map(
             lambda a: a[kind_start : kind_start + stop - start], params["moe" if is_moe else "mlp"]
         )
-        kv = None if cache is None else (cache["k"][start:stop], cache["v"][start:stop])
 
-        def layer(x, xs, is_moe=is_moe):
-            lp, mp, kv = cast(xs[0]), cast(xs[1]), xs[2]
+        def layer(carry, xs, is_moe=is_moe):
+            (x, kv), (lp, mp, i) = carry, (cast(xs[0]), cast(xs[1]), xs[2])
             h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-            a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index)
+            a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index)
             x = x + a
             h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
             m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
-            x = _constrain(x + m, ("batch", "seq", "embed"))
-            return x, (kv if cache is not None else None, logits)
+            return (_constrain(x + m, ("batch", "seq", "embed")), kv), logits
 
         if cfg.remat != "none":
             layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat])
-        x, (kv, logits) = jax.lax.scan(layer, x, (layer_p, mlp_p, kv))
-        if cache is not None:
-            new_k.append(kv[0])
-            new_v.append(kv[1])
+        (x, kv), logits = jax.lax.scan(layer, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop)))
         if is_moe:
             router_logits.append(logits)
     hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
     aux = {"router_logits": jnp.concatenate(router_logits)} if router_logits else {}
     if cache is not None:
-        cache = {
-            "k": jnp.concatenate(new_k) if len(new_k) > 1 else new_k[0],
-            "v": jnp.concatenate(new_v) if len(new_v) > 1 else new_v[0],
-            "segment_ids": k_segment_ids,
-        }
+        cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
     return hidden, cache, aux
 
 
