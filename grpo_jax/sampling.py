@@ -18,7 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 from grpo_jax import models, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
 
-Cache = dict[str, Array]  # grpo_jax.models.init_cache: k, v [layers, batch, slot, kv_heads, head_dim], segment_ids
+Cache = dict[str, Array]  # models.init_cache: k, v [layers, batch, slot, kv_heads, head_dim], segment_ids
 
 
 @jax.tree_util.register_dataclass
@@ -71,7 +71,9 @@ def row_keys(rng: Key[Array, ""], num_prompts: int, group_size: int) -> Key[Arra
     return jax.vmap(lambda p, g: jax.random.fold_in(jax.random.fold_in(rng, p), g))(prompt_idx, sample_idx)
 
 
-def truncate(logits: Float[Array, "batch vocab"], sampling_cfg: SamplingConfig) -> Float[Array, "batch vocab"]:
+def truncate(
+    logits: Float[Array, "batch vocab"], sampling_cfg: SamplingConfig
+) -> Float[Array, "batch vocab"]:
     """Top-k, then top-p on the top-k renormalized distribution (the `transformers` order); dropped -> -inf.
 
     Ties at a cut-off are kept. Top-p keeps the smallest prefix of the sorted distribution whose mass
@@ -135,7 +137,14 @@ def _first_reaching(cum, weights, target):
     return jnp.argmax((cum >= jnp.minimum(target, last)[:, None]) & (weights > 0), axis=-1)
 
 
-def decode(step, carry, logits, keys: Key[Array, "batch"], stop_ids: tuple[int, ...], sampling_cfg: SamplingConfig) -> Rollout:
+def decode(
+    step,
+    carry,
+    logits: Float[Array, "batch vocab"],
+    keys: Key[Array, "batch"],
+    stop_ids: tuple[int, ...],
+    sampling_cfg: SamplingConfig,
+) -> Rollout:
     """Samples up to `max_new_tokens` per row; `step(carry, tokens, t) -> (logits, carry)` feeds token t.
 
     `logits` are those for the first new token (from the prefill). The loop stops as soon as every row
@@ -196,12 +205,12 @@ def _check(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> 
     width = prompts.tokens.shape[1]
     if width != sampling_cfg.max_prompt_len:
         raise ValueError(
-            f"prompts are {width} tokens wide but SamplingConfig.max_prompt_len={sampling_cfg.max_prompt_len}: "
-            "build them with grpo_jax.sampling.pad_prompts"
+            f"prompts are {width} tokens wide but SamplingConfig.max_prompt_len="
+            f"{sampling_cfg.max_prompt_len}: build them with grpo_jax.sampling.pad_prompts"
         )
     lengths = np.asarray(prompts.lengths)
     if (lengths < 1).any():
-        raise ValueError(f"prompt {int(np.argmax(lengths < 1))} is empty: every prompt needs at least one token")
+        raise ValueError(f"prompt {int(np.argmax(lengths < 1))} is empty: every prompt needs a token")
     if (lengths > width).any():
         raise ValueError(
             f"prompt {int(np.argmax(lengths > width))} claims {lengths.max()} tokens > "
@@ -230,7 +239,8 @@ def prefill(
     hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
     logits = _logits(cfg, params, hidden[:, -1])
     repeat = lambda a, axis: jnp.repeat(a, group_size, axis=axis)  # noqa: E731
-    cache = {"k": repeat(cache["k"], 1), "v": repeat(cache["v"], 1), "segment_ids": repeat(cache["segment_ids"], 0)}
+    cache = {"k": repeat(cache["k"], 1), "v": repeat(cache["v"], 1),
+             "segment_ids": repeat(cache["segment_ids"], 0)}
     return repeat(logits, 0), cache
 
 

@@ -80,7 +80,8 @@ def test_frequencies_over_a_vocabulary_of_several_sampling_blocks():
 
 def test_greedy_takes_the_argmax_and_reports_the_tempered_logprob():
     logits = jax.random.normal(jax.random.key(1), (5, 11))
-    tokens, logprobs = sample(logits, row_keys(jax.random.key(0), 5, 1), SamplingConfig(greedy=True, temperature=2.0))
+    scfg = SamplingConfig(greedy=True, temperature=2.0)
+    tokens, logprobs = sample(logits, row_keys(jax.random.key(0), 5, 1), scfg)
     np.testing.assert_array_equal(tokens, np.argmax(logits, -1))
     np.testing.assert_allclose(logprobs, np.max(jax.nn.log_softmax(logits / 2.0), -1), atol=1e-6)
 
@@ -102,7 +103,9 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
 
     scfg = SamplingConfig(greedy=True, max_new_tokens=8)
     first = jax.nn.one_hot(jnp.array([7, 4, 9, 8]), vocab) * 10.0
-    out = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 4, 1), (9,), scfg)
+    run = jax.jit(decode, static_argnums=(0, 4, 5))
+    keys = row_keys(jax.random.key(0), 4, 1)
+    out = run(step, (), first, keys, (9,), scfg)
     np.testing.assert_array_equal(out.lengths, [3, 6, 1, 2])
     np.testing.assert_array_equal(out.truncated, [False] * 4)
     np.testing.assert_array_equal(out.tokens[1], [4, 5, 6, 7, 8, 9, 0, 0])
@@ -111,13 +114,15 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     assert len(calls) == 5  # the loop ends when the slowest row has stopped, not at max_new_tokens
 
     calls.clear()
-    out = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 4, 1), (2,), scfg)
+    out = run(step, (), first, keys, (2,), scfg)
     np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last slot: not truncated
     np.testing.assert_array_equal(out.truncated, [False, True, False, False])
     assert len(calls) == 7
 
 
-@pytest.mark.parametrize("prompts,message", [([[1, 2], []], "prompt 1 is empty"), ([[1] * 5], "max_prompt_len=4")])
+@pytest.mark.parametrize(
+    "prompts,message", [([[1, 2], []], "prompt 1 is empty"), ([[1] * 5], "max_prompt_len=4")]
+)
 def test_bad_prompts_are_rejected_before_compiling(prompts, message):
     with pytest.raises(ValueError, match=message):
         pad_prompts(prompts, SamplingConfig(max_prompt_len=4))

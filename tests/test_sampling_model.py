@@ -46,7 +46,8 @@ def test_cached_decoding_matches_a_full_forward_at_every_step(model):
     reference = models.logits(cfg, params, tokens, segment_ids=segments)
     width, steps = scfg.max_prompt_len, scfg.max_new_tokens
     step = jax.jit(decode_step, static_argnums=0)
-    logits, cache = jax.jit(prefill, static_argnums=(0, 3, 4))(cfg, params, prompts, scfg.group_size, width + steps - 1)
+    first = jax.jit(prefill, static_argnums=(0, 3, 4))
+    logits, cache = first(cfg, params, prompts, scfg.group_size, width + steps - 1)
     lengths = jnp.repeat(prompts.lengths, scfg.group_size)
     for t in range(steps):
         live = np.asarray(rollout.lengths) > t  # rows still generating at step t
