@@ -17,7 +17,7 @@ import optax
 from jaxtyping import Array, Float, Int, PyTree
 
 import kernels
-from grpo_jax import algorithms, models
+from grpo_jax import algorithms, models, sharding
 from grpo_jax.config import Config, OptimConfig
 
 
@@ -78,8 +78,10 @@ def sequences(
     return tokens.astype(jnp.int32), positions, real.astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 7))
 def completion_logprobs(
-    cfg: Config,
+    model_cfg: models.ModelConfig,
+    temperature: float,
     params: PyTree,
     tokens: Int[Array, "batch seq"],
     positions: Int[Array, "batch seq"],
@@ -87,16 +89,19 @@ def completion_logprobs(
     mask: Float[Array, "batch new"],
     with_entropy: bool = False,
 ) -> tuple[Float[Array, "batch new"], Float[Array, "batch new"] | None]:
-    """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies)."""
+    """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies).
+
+    Jitted on its own for the trainer's one l^old pass per rollout batch; inlined inside the step.
+    """
     batch, new = mask.shape
-    hidden = models.forward(cfg.model, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1])
+    hidden = models.forward(model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1])
     hidden = hidden[:, -new:].reshape(batch * new, -1)
     out = kernels.fused_logprobs(
         hidden,
-        models.unembedding(cfg.model, params),
+        models.unembedding(model_cfg, params),
         tokens[:, -new:].reshape(-1),
-        cfg.sampling.temperature,
-        mask=mask.reshape(-1),
+        temperature,
+        mask=mask.reshape(-1) > 0,
         return_entropy=with_entropy,
     )
     if with_entropy:
@@ -106,16 +111,12 @@ def completion_logprobs(
 
 
 def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer):
-    alg = cfg.algorithm
+    alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
     # Entropy is reported every step, not only when it is a loss term.
-    logp, entropy = completion_logprobs(
-        cfg, params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, with_entropy=True
-    )
+    logp, entropy = logprobs(params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
     ref_logp = None
     if alg.beta > 0:
-        ref_logp, _ = completion_logprobs(
-            cfg, ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask
-        )
+        ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
         ref_logp = jax.lax.stop_gradient(ref_logp)
     return algorithms.policy_loss(
         alg,
@@ -198,15 +199,20 @@ def train_step(
     return new_state, metrics
 
 
-def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, state_sharding, ref_sharding, batch_sharding):
+def batch_shardings(mesh: jax.sharding.Mesh) -> Batch:
+    """Every Batch leaf split over its leading (batch) axis by the `batch` sharding rule."""
+    two, one = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
+    return Batch(two, two, two, two, two, two, one)
+
+
+def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, state_sharding, ref_sharding):
     """`train_step` under one `jax.jit` with declared shardings; the state is donated.
 
     `ref_sharding` is None when beta = 0 (no reference params exist). Metrics come back replicated.
     """
-    replicated = jax.sharding.NamedSharding(batch_sharding.mesh, jax.sharding.PartitionSpec())
     return jax.jit(
         functools.partial(train_step, cfg, optimizer),
-        in_shardings=(state_sharding, ref_sharding, batch_sharding),
-        out_shardings=(state_sharding, replicated),
+        in_shardings=(state_sharding, ref_sharding, batch_shardings(mesh)),
+        out_shardings=(state_sharding, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
         donate_argnums=0,
     )

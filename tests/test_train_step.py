@@ -6,11 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, models
+from grpo_jax import algorithms, models, sharding
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
 
 MODEL = models.ModelConfig(
     model_type="qwen3", vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -96,12 +95,14 @@ def reference_adamw(params, grads, m, v, t, o: OptimConfig):
     return new, m, v, norm
 
 
-def single_device_step(cfg: Config, optimizer, params):
-    """(jitted step, initial state placed as the step expects it) on one device."""
-    mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
-    rep = NamedSharding(mesh, P())
-    step = ts.jit_train_step(cfg, optimizer, rep, rep if cfg.algorithm.beta > 0 else None, rep)
-    return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), rep)
+def mesh_step(cfg: Config, optimizer, params, mesh_cfg=MeshConfig(data=1), devices=None):
+    """(jitted step, initial state placed as the step expects it) on a mesh (default: one device)."""
+    mesh = sharding.make_mesh(mesh_cfg, devices or jax.devices()[:1])
+    state = ts.init_state(jax.tree.map(jnp.copy, params), optimizer)
+    state_sharding = sharding.param_shardings(state, MODEL, mesh)
+    ref_sharding = sharding.param_shardings(params, MODEL, mesh) if cfg.algorithm.beta > 0 else None
+    step = ts.jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)
+    return step, jax.device_put(state, state_sharding)
 
 
 NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
@@ -113,7 +114,7 @@ def test_jitted_step_equals_unjitted_reference(preset, params, rollouts):
     batch = make_batch(rollouts, NOISE.get(preset, 0.2))
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
     optimizer = ts.make_optimizer(cfg.optim, total_updates=10)
-    step, state = single_device_step(cfg, optimizer, params)
+    step, state = mesh_step(cfg, optimizer, params)
 
     leaves, treedef = jax.tree.flatten(params)
     p_ref = [np.asarray(x, np.float64) for x in leaves]
@@ -138,7 +139,7 @@ def test_micro_batches_do_not_change_the_update(params, rollouts):
     outs = []
     for k in (1, 4):
         cfg = config("gspo", micro_batches=k)
-        step, state = single_device_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
+        step, state = mesh_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
         outs.append(step(state, None, batch))
     (s1, m1), (s4, m4) = outs
     for name in m1:
@@ -147,10 +148,27 @@ def test_micro_batches_do_not_change_the_update(params, rollouts):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_mesh_2x2x2_equals_single_device(params, rollouts):
+    cfg = config("grpo")  # beta > 0: the reference params are sharded too
+    batch = make_batch(rollouts, 0.2)
+    ref_params = jax.tree.map(lambda p: p * 1.01, params)
+    optimizer = ts.make_optimizer(cfg.optim, 10)
+    outs = []
+    for mesh_cfg, devices in ((MeshConfig(data=1), jax.devices()[:1]), (MeshConfig(data=2, fsdp=2, tensor=2), jax.devices())):
+        step, state = mesh_step(cfg, optimizer, params, mesh_cfg, devices)
+        state, metrics = step(state, ref_params, batch)
+        outs.append(jax.device_get((state, metrics)))
+    (s1, m1), (s8, m8) = outs
+    for name in m1:
+        np.testing.assert_allclose(m1[name], m8[name], rtol=2e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
 def test_non_finite_update_is_skipped_and_counted(poison, params, rollouts):
     cfg = config("gspo")
-    step, state = single_device_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
+    step, state = mesh_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
     batch = make_batch(rollouts, NOISE["gspo"])
     state, _ = step(state, None, batch)
     before = jax.device_get(state)
