@@ -12,7 +12,8 @@ Implementations (`impl`):
             revisited output blocks, which Triton does not support: no GPU kernel yet.
 
 Tied embeddings: pass the [V, d] embedding table itself with `transposed=True`; nothing is copied.
-(Passing `embed.T` with transposed=False is also correct, but XLA may materialize the transpose.)
+(Passing `embed.T` with transposed=False is also correct, but the chunked path then holds a [d, V]
+copy: XLA materializes the transpose before its loops; tests/test_kernels_logprobs.py checks both.)
 """
 
 import dataclasses
@@ -49,7 +50,7 @@ def fused_logprobs(
     targets: Int[Array, "N"],
     temperature: float,
     *,
-    mask: Bool[Array, "N"] | None = None,
+    mask: Bool[Array, "N"] | Float[Array, "N"] | None = None,
     return_entropy: bool = False,
     impl: str | None = None,
     transposed: bool = False,
@@ -58,13 +59,14 @@ def fused_logprobs(
 ) -> Float[Array, "N"] | tuple[Float[Array, "N"], Float[Array, "N"]]:
     """log p(targets) under softmax(hidden @ unembed / temperature), float32 [N]; with
     `return_entropy`, also the entropy of each row's distribution [N]. Both differentiate w.r.t.
-    hidden and unembed. Masked rows (mask False) give 0 and get zero gradient; their targets
-    are ignored. `temperature` is a Python float (the sampling config's), static under jit.
-    `transposed=True` means unembed is [V, d] (a tied embedding table, passed as is)."""
+    hidden and unembed. Masked rows (mask 0 / False) give 0 and get zero gradient; their
+    targets are ignored and token tiles with no counted row are skipped. `temperature` is a
+    Python float (the sampling config's), static under jit. `transposed=True` means unembed is
+    [V, d] (a tied embedding table, passed as is). Tiles are clipped to N and V; neither needs
+    to be a multiple of its tile."""
     impl = impl or ("pallas" if jax.default_backend() == "tpu" else "chunked")
     _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile)
-    if mask is None:
-        mask = jnp.ones(targets.shape, bool)
+    mask = jnp.ones(targets.shape, bool) if mask is None else mask.astype(bool)
     targets = jnp.where(mask, targets, 0)
     if impl == "naive":
         logp, ent = logprobs_reference(hidden, unembed, targets, temperature, mask, transposed)

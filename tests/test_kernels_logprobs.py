@@ -105,6 +105,12 @@ def test_tied_embedding_is_not_copied(data):
     hlo = jax.jit(jax.grad(loss, (0, 1))).lower(data["hidden"], embed).compile().as_text()
     assert f"[{V},{D}]" in hlo and f"[{D},{V}]" not in hlo
 
+    def loss_copying(h, e):  # the same through embed.T: documented to copy; keep the doc true
+        return fused_logprobs(h, e.T, data["targets"], TEMP, impl="chunked", **TILES).sum()
+
+    hlo = jax.jit(jax.grad(loss_copying, (0, 1))).lower(data["hidden"], embed).compile().as_text()
+    assert f"[{D},{V}]" in hlo
+
 
 def test_default_impl_and_plain_call(data):
     assert jax.default_backend() == "cpu"  # default there: chunked; check it runs unjitted too
