@@ -2,24 +2,26 @@
 
 `encode` never adds special tokens: a chat template (or the caller) places BOS and turn markers,
 so the same text always maps to the same ids. `decode` drops special tokens (rewards read text).
-A tokenizer without a pad token pads with its end-of-sequence id.
+A tokenizer without a pad token pads with its end-of-sequence id. `apply_chat_template(messages)`
+(list of {"role", "content"} -> prompt text ending with the assistant turn opener) is None when the
+tokenizer has no chat template.
 """
 
 import pathlib
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+ChatTemplate = Callable[[list[dict[str, str]]], str]
 
 
 class Tokenizer(Protocol):
     eos_id: int
     pad_id: int
     vocab_size: int
-    has_chat_template: bool
+    apply_chat_template: ChatTemplate | None
 
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
 
 
 class HFTokenizer:
@@ -34,7 +36,7 @@ class HFTokenizer:
         self.eos_id = self._tok.eos_token_id
         self.pad_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_id
         self.vocab_size = len(self._tok)
-        self.has_chat_template = self._tok.chat_template is not None
+        self.apply_chat_template = self._chat if self._tok.chat_template is not None else None
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
@@ -42,18 +44,14 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not self.has_chat_template:
-            raise ValueError("this tokenizer has no chat_template; format prompts as plain text instead")
-        return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+    def _chat(self, messages: list[dict[str, str]]) -> str:
+        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 class SentencePieceTokenizer:
     """A sentencepiece `.model` file (no chat template)."""
 
-    has_chat_template = False
+    apply_chat_template = None
 
     def __init__(self, path: pathlib.Path):
         import sentencepiece
@@ -71,11 +69,8 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids])
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        raise ValueError("a sentencepiece tokenizer has no chat_template; format prompts as plain text")
 
-
-def load_tokenizer(path: str | pathlib.Path) -> Tokenizer:
+def load(path: str | pathlib.Path) -> Tokenizer:
     """A HF tokenizer directory (tokenizer.json / tokenizer_config.json) or a sentencepiece .model file."""
     path = pathlib.Path(path)
     if path.is_file() and path.suffix == ".model":

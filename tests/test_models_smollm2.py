@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from grpo_jax import models
-from grpo_jax.tokenizer import load_tokenizer
+from grpo_jax import tokenizer
 
 _script = pathlib.Path(__file__).parents[1] / "scripts" / "convert_smollm2.py"
 _spec = importlib.util.spec_from_file_location("convert_smollm2", _script)
@@ -35,7 +35,7 @@ def smollm2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def batch(smollm2):
     """Two chat prompts of different lengths, left padded."""
-    tok = load_tokenizer(smollm2)
+    tok = tokenizer.load(smollm2)
     questions = ["What is the capital of France?", "Compute 17 times 3, then add 9. Show your steps."]
     ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
     width = max(map(len, ids))

@@ -5,7 +5,7 @@ import sentencepiece
 import tokenizers
 import transformers
 
-from grpo_jax.tokenizer import HFTokenizer, SentencePieceTokenizer, load_tokenizer
+from grpo_jax.tokenizer import HFTokenizer, SentencePieceTokenizer, load
 
 CHAT = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
@@ -46,30 +46,35 @@ def sp_model(tmp_path_factory):
 
 
 def test_hf_tokenizer(hf_dir):
-    tok = load_tokenizer(hf_dir)
+    tok = load(hf_dir)
     assert isinstance(tok, HFTokenizer)
     assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 0, 12)
     ids = tok.encode("what is two plus four ?")
     assert ids == [6, 7, 8, 9, 10, 11]
     assert tok.decode(ids[:-1] + [tok.eos_id, tok.pad_id]) == "what is two plus four"
-    assert tok.has_chat_template
     prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
     assert prompt == "<|user|> what is two ? <|end|> <|assistant|> "
     assert tok.encode(prompt) == [3, 6, 7, 8, 11, 2, 4]
 
 
 def test_sentencepiece_tokenizer(sp_model):
-    tok = load_tokenizer(sp_model)
+    tok = load(sp_model)
     assert isinstance(tok, SentencePieceTokenizer)
     assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (3, 0, 40)
     ids = tok.encode("the number 12 plus 13 is 25")
     assert tok.eos_id not in ids and 2 not in ids  # no special tokens added
     assert tok.decode(ids) == "the number 12 plus 13 is 25"
-    assert not tok.has_chat_template
-    with pytest.raises(ValueError, match="chat_template"):
-        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert tok.apply_chat_template is None
 
 
 def test_unknown_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
-        load_tokenizer(tmp_path)
+        load(tmp_path)
+
+
+def test_hf_tokenizer_without_chat_template(hf_dir, tmp_path):
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    assert load(tmp_path).apply_chat_template is None

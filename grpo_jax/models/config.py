@@ -71,6 +71,10 @@ class ModelConfig:
                 )
         if self.remat not in REMAT:
             raise ValueError(f"ModelConfig.remat={self.remat!r}; use one of {REMAT}")
+        from grpo_jax.models.decoder import ATTENTION  # the registry lives with the kernels
+
+        if self.attention not in ATTENTION:
+            raise ValueError(f"ModelConfig.attention={self.attention!r}; use one of {sorted(ATTENTION)}")
         if self.model_type not in ARCHITECTURES:
             raise ValueError(
                 f"ModelConfig.model_type={self.model_type!r} is not supported; "

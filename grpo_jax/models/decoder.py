@@ -302,7 +302,8 @@ def extend(
     """Runs T new tokens written at cache slots [index, index+T), attending causally to every
     earlier slot of the same segment id (0 = padding, never attended). Prefill: T = prompt length
     at index 0; decode: T = 1. Returns (final normed hidden, updated cache, aux), where aux holds
-    `router_logits` [moe_layers, batch, time, experts] (float32) for MoE models."""
+    `router_logits` [moe_layers, batch, time, experts] (float32) for MoE models. The caller keeps
+    index + T <= max_len (a traced index cannot be checked; XLA would clamp the write)."""
     return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
 
 
