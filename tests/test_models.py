@@ -216,6 +216,22 @@ def test_remat_policies_give_the_same_gradients(hf_dirs):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0], g)
 
 
+def test_ragged_experts_equal_dense_experts(hf_dirs):
+    _, path = hf_dirs[("qwen3_moe", False)]
+    tokens = np.arange(14).reshape(2, 7)
+
+    def loss(c, p):
+        hidden, aux = models.forward_with_aux(c, p, tokens)
+        return jnp.mean(hidden**2) + jnp.mean(aux["router_logits"] ** 2), hidden
+
+    outs = []
+    for impl in ["dense", "ragged"]:
+        cfg, params = models.load_hf(path, moe_impl=impl)
+        outs.append(jax.jit(jax.grad(loss, argnums=1, has_aux=True), static_argnums=0)(cfg, params))
+    np.testing.assert_allclose(outs[0][1], outs[1][1], atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), outs[0][0], outs[1][0])
+
+
 def test_bfloat16_compute_close_to_float32(hf_dirs):
     _, path = hf_dirs[("qwen2", True)]
     cfg, params = models.load_hf(path)

@@ -37,6 +37,7 @@ final_norm [d]; lm_head [d, V] unless embeddings are tied.
 from grpo_jax.models.config import Llama3RopeScaling, ModelConfig
 from grpo_jax.models.decoder import (
     ATTENTION,
+    MOE,
     ParamSpec,
     cache_specs,
     extend,
@@ -54,6 +55,7 @@ from grpo_jax.models.hf_io import load_hf, save_hf
 __all__ = [
     "ATTENTION",
     "Llama3RopeScaling",
+    "MOE",
     "ModelConfig",
     "ParamSpec",
     "cache_specs",

@@ -62,6 +62,7 @@ class ModelConfig:
     compute_dtype: str = "float32"  # activations and matmul inputs
     remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
+    moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
 
     def __post_init__(self):
         for field in ("dtype", "compute_dtype"):
@@ -71,10 +72,12 @@ class ModelConfig:
                 )
         if self.remat not in REMAT:
             raise ValueError(f"ModelConfig.remat={self.remat!r}; use one of {REMAT}")
-        from grpo_jax.models.decoder import ATTENTION  # the registry lives with the kernels
+        from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
         if self.attention not in ATTENTION:
             raise ValueError(f"ModelConfig.attention={self.attention!r}; use one of {sorted(ATTENTION)}")
+        if self.moe_impl not in MOE:
+            raise ValueError(f"ModelConfig.moe_impl={self.moe_impl!r}; use one of {sorted(MOE)}")
         if self.model_type not in ARCHITECTURES:
             raise ValueError(
                 f"ModelConfig.model_type={self.model_type!r} is not supported; "

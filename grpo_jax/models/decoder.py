@@ -211,18 +211,40 @@ def _mlp(p, x):
 
 
 def _moe(cfg, p, x):
-    """Softmax top-k routing over SwiGLU experts. Every expert runs on every token (exact, simple,
-    expert-shardable); unselected experts get weight 0. Returns (output, router logits in f32)."""
+    """Softmax top-k routing over SwiGLU experts. Returns (output, router logits in float32)."""
     router_logits = jnp.einsum("btd,de->bte", x, p["router"], preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(router_logits, axis=-1)
     top_p, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:
         top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-    weights = jnp.sum(jax.nn.one_hot(top_i, cfg.num_experts) * top_p[..., None], axis=-2)
+    return MOE[cfg.moe_impl](p, x, top_p.astype(x.dtype), top_i), router_logits
+
+
+def _experts_dense(p, x, top_p, top_i):
+    """Every expert on every token, unselected ones weighted 0: exact, simple, expert-shardable;
+    costs num_experts / top_k times the routed FLOPs."""
+    weights = jnp.sum(jax.nn.one_hot(top_i, p["gate"].shape[0], dtype=x.dtype) * top_p[..., None], axis=-2)
     gate = jnp.einsum("btd,edf->btef", x, p["gate"])
     up = jnp.einsum("btd,edf->btef", x, p["up"])
-    h = jax.nn.silu(gate) * up * weights.astype(x.dtype)[..., None]
-    return jnp.einsum("btef,efd->btd", h, p["down"]), router_logits
+    return jnp.einsum("btef,efd->btd", jax.nn.silu(gate) * up * weights[..., None], p["down"])
+
+
+def _experts_ragged(p, x, top_p, top_i):
+    """Only the routed (token, expert) pairs: sorted by expert and run with `jax.lax.ragged_dot`.
+    FLOPs scale with top_k, not num_experts (single-device or replicated experts)."""
+    b, t, d = x.shape
+    k = top_i.shape[-1]
+    experts = top_i.reshape(-1)
+    order = jnp.argsort(experts, stable=True)
+    sizes = jnp.bincount(experts, length=p["gate"].shape[0]).astype(jnp.int32)
+    xs = x.reshape(-1, d)[order // k]
+    h = jax.nn.silu(jax.lax.ragged_dot(xs, p["gate"], sizes)) * jax.lax.ragged_dot(xs, p["up"], sizes)
+    ys = jax.lax.ragged_dot(h, p["down"], sizes)[jnp.argsort(order)].reshape(b, t, k, d)
+    return jnp.einsum("btkd,btk->btd", ys, top_p)
+
+
+# (expert params, x [B,T,d], top_p [B,T,k], top_i [B,T,k]) -> [B,T,d]; ModelConfig.moe_impl picks.
+MOE: dict[str, Callable] = {"dense": _experts_dense, "ragged": _experts_ragged}
 
 
 def _constrain(x, axes: tuple[str | None, ...]):
