@@ -132,19 +132,26 @@ class Config:
 def override(cfg, assignments: list[str]):
     """Applies `key.path=value` strings (the CLI's --set) to a config; values parse by the field's type.
 
-    A key that is not a field is an error suggesting the nearest field names.
+    `X.preset=NAME` rebuilds X from its class's `from_preset(NAME)` (e.g. algorithm.preset=gspo);
+    presets apply before the other assignments, so explicit fields always win. A key that is not a
+    field is an error suggesting the nearest field names.
     """
+    parsed = []
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ValueError(f"--set {assignment!r}: expected key=value, e.g. train.steps=100")
-        cfg = _set(cfg, key.strip().split("."), text.strip(), key.strip())
+        parsed.append((key.strip(), text.strip()))
+    for key, text in sorted(parsed, key=lambda kv: not kv[0].endswith(".preset")):
+        cfg = _set(cfg, key.split("."), text, key)
     return cfg
 
 
 def _set(obj, path: list[str], text: str, full_key: str):
     if not dataclasses.is_dataclass(obj):
         raise ValueError(f"--set {full_key}: {type(obj).__name__} has no fields to set")
+    if path == ["preset"] and hasattr(obj, "from_preset"):
+        return type(obj).from_preset(text)
     names = [f.name for f in dataclasses.fields(obj)]
     name = path[0]
     if name not in names:
