@@ -349,6 +349,15 @@ def test_unsupported_config_names_the_field(copy_of, changes, field):
         models.load_hf(path)
 
 
+def test_missing_config_field_is_named(copy_of):
+    path = copy_of()
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["hidden_size"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="config.json: required field 'hidden_size' is missing"):
+        models.load_hf(path)
+
+
 def test_bad_dtype_names_the_field(copy_of):
     path = copy_of()
     with pytest.raises(ValueError, match="dtype='float8'"):

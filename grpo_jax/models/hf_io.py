@@ -178,12 +178,13 @@ def load_hf(
     config_file = path / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(f"{config_file} not found: load_hf needs a Hugging Face model directory")
+    run = {"dtype": dtype, "compute_dtype": dtype, **overrides}
     try:
-        cfg = ModelConfig.from_hf(json.loads(config_file.read_text()), **{
-            "dtype": dtype, "compute_dtype": dtype, **overrides
-        })
-    except (ValueError, KeyError) as e:
-        raise type(e)(f"{config_file}: {e}") from None
+        cfg = ModelConfig.from_hf(json.loads(config_file.read_text()), **run)
+    except KeyError as e:
+        raise ValueError(f"{config_file}: required field {e} is missing") from None
+    except ValueError as e:
+        raise ValueError(f"{config_file}: {str(e).removeprefix('config.json: ')}") from None
     tensors = _index(path)
     leaves, treedef = _leaves(cfg)
     for leaf in leaves:  # validate everything before reading any data
