@@ -11,7 +11,6 @@ The revisited-output pattern is TPU/interpreter semantics: Triton runs grid poin
 independently, so on GPU `fused_logprobs` defaults to the chunked path (see bench/README.md).
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
