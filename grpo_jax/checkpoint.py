@@ -8,6 +8,7 @@ directly with their shardings on the current mesh.
 """
 
 import pathlib
+import shutil
 from typing import Any
 
 import jax
@@ -65,8 +66,16 @@ class Checkpointer:
         self.manager.close()
 
 
-def export_hf(model_cfg, params, path: str | pathlib.Path) -> None:
-    """Writes the policy as a Hugging Face directory (config.json + safetensors)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def export_hf(model_cfg, params, path: str | pathlib.Path, tokenizer_dir: str | pathlib.Path = "") -> None:
+    """Writes the policy as a Hugging Face directory (config.json + safetensors), with the tokenizer
+    files of `tokenizer_dir` (the source checkpoint) copied beside it when given."""
     from grpo_jax import models
 
     models.save_hf(model_cfg, jax.device_get(params), str(path))
+    for name in TOKENIZER_FILES if tokenizer_dir else ():
+        if (pathlib.Path(tokenizer_dir) / name).is_file():
+            shutil.copy(pathlib.Path(tokenizer_dir) / name, pathlib.Path(path) / name)

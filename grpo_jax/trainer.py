@@ -1,0 +1,356 @@
+"""The host loop: prompts -> sample G each -> reward -> advantages -> mu x minibatch train steps.
+
+Everything that touches files, clocks or Python objects lives here; the math lives in the jitted
+pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
+
+1. draw prompt batches (`data.batches`, indexed by a resumable position) and sample G completions
+   each; with DAPO dynamic sampling, drop groups whose rewards are all equal and draw again until
+   `train.prompts_per_step` groups are kept or `algorithm.max_gen_batches` rounds are spent (a short
+   batch is padded with masked rows, so shapes and compilations never change);
+2. score on the host (`rewards.score`), add DAPO overlong shaping, mask truncated completions,
+   compute advantages on the kept groups;
+3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
+   `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
+   makes clipping (and mu > 1) mean anything;
+4. log, evaluate on held-out prompts (greedy and sampled accuracy), checkpoint.
+"""
+
+import dataclasses
+import math
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
+from grpo_jax import logging as run_logging
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config, FileTaskConfig
+
+# Rewards that score correctness: the first of these in the run is its "accuracy".
+CORRECTNESS_REWARDS = ("exact", "math", "countdown")
+TRAIN_SOURCE_SIZE = 1_000_000  # synthetic tasks draw example i lazily; this only bounds the index
+
+
+@dataclasses.dataclass
+class Task:
+    train: object  # random-access examples (dicts with "prompt", "answer", ...)
+    held_out: object
+    tokenizer: object
+    reward_fns: tuple
+
+
+def load_tokenizer(cfg: Config):
+    name = cfg.tokenizer or cfg.model_path
+    if name == "char":
+        return data.CharTokenizer()
+    from grpo_jax import tokenizer
+
+    return tokenizer.load(name)
+
+
+def build_task(cfg: Config) -> Task:
+    t = cfg.task
+    if isinstance(t, data.ArithmeticConfig):
+        train = data.Arithmetic(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
+        held_out = data.Arithmetic(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
+    elif isinstance(t, data.CountdownConfig):
+        train = data.Countdown(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
+        held_out = data.Countdown(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
+    else:
+        train = data.load_examples(t.path, t.format)
+        held_out = data.load_examples(t.eval_path, t.format)[: cfg.train.eval_prompts]
+    return Task(train, held_out, load_tokenizer(cfg), cfg.reward.functions(cfg.sampling.max_new_tokens))
+
+
+def overlong_penalty(lengths: np.ndarray, limit: int, buffer: int, kappa: float) -> np.ndarray:
+    """DAPO overlong shaping: 0 up to limit - buffer, then linear down to -kappa at the limit."""
+    soft = limit - buffer
+    return np.where(lengths <= soft, 0.0, np.where(lengths <= limit, (soft - lengths) / buffer * kappa, -kappa))
+
+
+def check(cfg: Config) -> None:
+    """User errors of the run's shape, raised before anything compiles."""
+    alg, tr, s = cfg.algorithm, cfg.train, cfg.sampling
+    rows = tr.prompts_per_step * s.group_size
+    if rows % (tr.minibatches * tr.micro_batches):
+        raise ValueError(
+            f"the rollout batch of train.prompts_per_step * sampling.group_size = {rows} completions does "
+            f"not split into train.minibatches={tr.minibatches} x train.micro_batches={tr.micro_batches}"
+        )
+    if s.group_size < 2:
+        raise ValueError(f"sampling.group_size={s.group_size}: group advantages need at least 2 samples per prompt")
+    if alg.reward_weights:
+        raise ValueError(
+            "algorithm.reward_weights is set; reward weights live in reward.weights (one per reward.names)"
+        )
+    if alg.overlong_buffer_frac and "overlong" in cfg.reward.names:
+        raise ValueError(
+            "overlong shaping is on twice: algorithm.overlong_buffer_frac and reward 'overlong'; keep one"
+        )
+
+
+class Trainer:
+    """Holds the mesh, the compiled pieces and the train state of one run."""
+
+    def __init__(self, cfg: Config, params=None):
+        check(cfg)
+        self.mesh = sharding.make_mesh(cfg.mesh)
+        self.task = build_task(cfg)
+        self.source_path = cfg.model_path
+        if cfg.model_path:
+            model_cfg, loaded = models.load_hf(cfg.model_path, mesh=self.mesh)
+            cfg = dataclasses.replace(cfg, model=model_cfg, model_path="")
+            params = loaded if params is None else params
+        elif params is None:
+            params = models.init(cfg.model, jax.random.key(cfg.train.seed))
+        self.cfg = cfg
+        tr, alg = cfg.train, cfg.algorithm
+        self.rows = tr.prompts_per_step * cfg.sampling.group_size
+        if self.task.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.task.tokenizer.vocab_size} ids but the model's vocab_size is "
+                f"{cfg.model.vocab_size}: Config.tokenizer does not belong to this model"
+            )
+        shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
+        for name, n in (("a minibatch", self.rows // tr.minibatches), ("train.eval_prompts", tr.eval_prompts)):
+            if n % shards:
+                raise ValueError(
+                    f"{name} of {n} rows does not split over the {shards} devices of the batch mesh axes "
+                    f"{sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
+                )
+        self.total_updates = tr.steps * alg.num_iterations * tr.minibatches
+        self.schedule = ts.learning_rate(cfg.optim, self.total_updates)
+        self.optimizer = ts.make_optimizer(cfg.optim, self.total_updates)
+
+        state = ts.init_state(params, self.optimizer)
+        self.state_sharding = sharding.param_shardings(state, cfg.model, self.mesh)
+        self.state = jax.device_put(state, self.state_sharding)
+        # beta = 0: no reference params exist at all. A copy, because the train state is donated.
+        ref_sharding = sharding.param_shardings(params, cfg.model, self.mesh) if alg.beta > 0 else None
+        self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
+        self.update = ts.jit_train_step(cfg, self.optimizer, self.mesh, self.state_sharding, ref_sharding)
+        self.rng = jax.random.key(cfg.train.seed)
+        self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
+        self.position = 0  # prompt batches consumed
+        self.step = 0
+
+    # -- rollouts --------------------------------------------------------------------------------
+
+    def _prompts(self, examples: list[dict]) -> tuple[list[str], sampling.Prompts]:
+        tok = self.task.tokenizer
+        chat = getattr(tok, "apply_chat_template", None)
+        texts = [data.render(self.cfg.template, ex, chat) for ex in examples]
+        return texts, sampling.pad_prompts([tok.encode(t) for t in texts], self.cfg.sampling)
+
+    def sample(self, examples: list[dict], rng, sampling_cfg) -> dict:
+        """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
+        texts, prompts = self._prompts(examples)
+        rollout = jax.device_get(
+            sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
+        )
+        g = sampling_cfg.group_size
+        lengths = np.asarray(rollout.lengths)
+        completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
+        scores, metrics = rewards.score(
+            self.task.reward_fns,
+            self.cfg.reward.weights,
+            np.repeat(texts, g).tolist(),
+            completions,
+            [ex for ex in examples for _ in range(g)],
+            completion_lens=lengths.tolist(),
+            timeout_s=self.cfg.reward.timeout_s,
+            num_workers=self.cfg.reward.num_workers,
+        )
+        correct = [i for i, n in enumerate(self.cfg.reward.names) if n in CORRECTNESS_REWARDS]
+        return dict(
+            prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            correct=scores[:, correct[0]] >= 1.0 if correct else None,
+        )
+
+    def rollout_batch(self, rng) -> tuple[ts.Batch, dict]:
+        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled)."""
+        cfg, alg, g = self.cfg, self.cfg.algorithm, self.cfg.sampling.group_size
+        want = cfg.train.prompts_per_step
+        shaping = alg.overlong_buffer_frac > 0
+        weights = np.asarray(cfg.reward.weights + ((1.0,) if shaping else ()), np.float32)
+        kept, rounds, drawn, sample_time = [], 0, [], 0.0
+        while True:
+            t0 = time.perf_counter()
+            s = self.sample(self.prompt_batches[self.position], jax.random.fold_in(rng, rounds), cfg.sampling)
+            sample_time += time.perf_counter() - t0
+            self.position += 1
+            rounds += 1
+            lengths = np.asarray(s["rollout"].lengths)
+            scores = s["rewards"]
+            if shaping:
+                limit = cfg.sampling.max_new_tokens
+                buffer = max(int(alg.overlong_buffer_frac * limit), 1)
+                pen = overlong_penalty(lengths, limit, buffer, alg.overlong_kappa)
+                scores = np.concatenate([scores, pen[:, None].astype(np.float32)], axis=1)
+            total = (scores @ weights).reshape(-1, g)
+            keep = np.ptp(total, axis=1) > 0 if alg.dynamic_sampling else np.ones(len(total), bool)
+            drawn.append(s)
+            kept += [(s, i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
+            if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
+                break
+        kept = kept[:want]
+        return self._batch(kept, weights), self._rollout_metrics(drawn, kept, rounds, sample_time)
+
+    def _batch(self, kept: list, weights: np.ndarray) -> ts.Batch:
+        """Packs the kept groups (padded to the full batch with masked rows) into a train-step Batch."""
+        cfg, g = self.cfg, self.cfg.sampling.group_size
+        alg = dataclasses.replace(cfg.algorithm, reward_weights=tuple(weights.tolist()))
+        new, width = cfg.sampling.max_new_tokens, cfg.sampling.max_prompt_len
+        tokens = np.zeros((self.rows, width + new), np.int32)
+        prompt_lengths = np.ones((self.rows,), np.int32)
+        mask = np.zeros((self.rows, new), np.float32)
+        sampler_logp = np.zeros((self.rows, new), np.float32)
+        advantages = np.zeros((self.rows,), np.float32)
+        n = len(kept) * g
+        for j, (s, i, _) in enumerate(kept):
+            rows, src = slice(j * g, (j + 1) * g), slice(i * g, (i + 1) * g)
+            r = s["rollout"]
+            tokens[rows, :width] = np.asarray(s["prompts"].tokens)[i]
+            prompt_lengths[rows] = np.asarray(s["prompts"].lengths)[i]
+            tokens[rows, width:] = r.tokens[src]
+            m = np.asarray(r.mask[src], np.float32)
+            if alg.mask_truncated:
+                m = m * ~np.asarray(r.truncated[src])[:, None]
+            mask[rows] = m
+            sampler_logp[rows] = r.logprobs[src]
+        if n:
+            scores = np.concatenate([sc for _, _, sc in kept])
+            advantages[:n] = np.asarray(
+                algorithms.compute_advantages(alg, scores, group_size=g, lengths=mask[:n].sum(1).astype(np.int32))
+            )
+        tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
+        tok, pos, seg, mask, sampler_logp, advantages = sharding.global_batch(
+            (tok, pos, seg, mask, sampler_logp, advantages), self.mesh
+        )
+        old_logp, _ = ts.completion_logprobs(cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask)
+        return ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, advantages)
+
+    def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
+        g = self.cfg.sampling.group_size
+        lengths = np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])
+        truncated = np.concatenate([np.asarray(s["rollout"].truncated) for s in drawn])
+        total = np.concatenate([s["rewards"] @ np.asarray(self.cfg.reward.weights, np.float32) for s in drawn])
+        m = {
+            "reward/mean": float(total.mean()),
+            "reward/std": float(total.std()),
+            "groups/zero_variance_frac": float((np.ptp(total.reshape(-1, g), axis=1) == 0).mean()),
+            "groups/kept": float(len(kept)),
+            "groups/gen_rounds": float(rounds),
+            "completion/length_mean": float(lengths.mean()),
+            "completion/length_max": float(lengths.max()),
+            "completion/truncated_frac": float(truncated.mean()),
+            "time/sample_s": sample_time,
+            "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
+        }
+        if drawn[0]["correct"] is not None:
+            m["accuracy"] = float(np.concatenate([s["correct"] for s in drawn]).mean())
+        for s in drawn[:1]:
+            m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
+        return m
+
+    # -- one RL step -------------------------------------------------------------------------------
+
+    def minibatches(self, batch: ts.Batch) -> list[ts.Batch]:
+        k = self.cfg.train.minibatches
+        size = self.rows // k
+        return [jax.tree.map(lambda x: x[j * size:(j + 1) * size], batch) for j in range(k)]
+
+    def train_step(self) -> tuple[dict, list[dict]]:
+        """One RL step; returns the step's metrics and the per-update train metrics."""
+        t0 = time.perf_counter()
+        batch, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
+        metrics["advantage/mean"] = float(jnp.sum(batch.advantages) / max(metrics["groups/kept"] * self.cfg.sampling.group_size, 1))
+        adv = np.asarray(batch.advantages)[: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
+        metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
+        t1 = time.perf_counter()
+        updates = []
+        for _ in range(self.cfg.algorithm.num_iterations):
+            for mb in self.minibatches(batch):
+                lr = float(self.schedule(int(self.state.step)))
+                self.state, m = self.update(self.state, self.ref_params, mb)
+                updates.append({**m, "learning_rate": lr})
+        updates = jax.device_get(updates)
+        t2 = time.perf_counter()
+        for name in updates[0]:
+            values = [float(u[name]) for u in updates]
+            reduce = max if name.endswith("_max") else min if name.endswith("_min") else np.mean
+            metrics[name] = float(reduce(values))
+        train_tokens = float(np.asarray(batch.mask).sum()) * len(updates) / self.cfg.train.minibatches
+        metrics.update({
+            "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
+            "throughput/train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
+        })
+        self.step += 1
+        return metrics, updates
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """Held-out accuracy, greedy and sampled (one sample per prompt)."""
+        examples = [self.task.held_out[i] for i in range(len(self.task.held_out))]
+        out = {}
+        for mode, greedy in (("greedy", True), ("sampled", False)):
+            scfg = dataclasses.replace(self.cfg.sampling, group_size=1, greedy=greedy)
+            s = self.sample(examples, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
+            if s["correct"] is not None:
+                out[f"eval/accuracy_{mode}"] = float(s["correct"].mean())
+            out[f"eval/reward_{mode}"] = float((s["rewards"] @ np.asarray(self.cfg.reward.weights)).mean())
+            out[f"eval/length_{mode}"] = float(np.asarray(s["rollout"].lengths).mean())
+        return out
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict:
+        state = {"train": self.state, "rng": jax.random.key_data(self.rng)}
+        if self.ref_params is not None:
+            state["ref"] = self.ref_params
+        return state
+
+    def save(self, ckpt: checkpoint.Checkpointer, force: bool = False) -> None:
+        ckpt.save(self.step, self.checkpoint_state(), {"step": self.step, "data_position": self.position}, force)
+
+    def restore(self, ckpt: checkpoint.Checkpointer) -> None:
+        state, meta = ckpt.restore(self.checkpoint_state())
+        self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
+        self.ref_params = state.get("ref")
+        self.step, self.position = meta["step"], meta["data_position"]
+
+
+def train(cfg: Config, params=None) -> dict:
+    """Runs (or resumes) a whole RL run; returns the first and last evaluation and the wall time."""
+    start = time.perf_counter()
+    trainer = Trainer(cfg, params)
+    cfg, tr = trainer.cfg, trainer.cfg.train
+    out = pathlib.Path(tr.out_dir)
+    ckpt = checkpoint.Checkpointer(out / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
+    if ckpt.latest_step() is not None:
+        trainer.restore(ckpt)
+    logger = run_logging.MetricsLogger(out, tr.steps, initial_step=trainer.step)
+    first = trainer.evaluate() if trainer.step == 0 else None
+    if first:
+        logger.log(0, first)
+    last = first
+    try:
+        while trainer.step < tr.steps:
+            metrics, _ = trainer.train_step()
+            if tr.eval_every and trainer.step % tr.eval_every == 0 and trainer.step < tr.steps:
+                metrics.update(trainer.evaluate())
+            logger.log(trainer.step, metrics)
+            trainer.save(ckpt)
+        last = trainer.evaluate()
+        logger.log(trainer.step, last)
+    finally:
+        trainer.save(ckpt, force=True)
+        ckpt.close()
+        logger.close()
+    if tr.export_hf and jax.process_index() == 0:
+        checkpoint.export_hf(cfg.model, trainer.state.params, out / "hf", tokenizer_dir=trainer.source_path)
+    return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start}
