@@ -8,6 +8,7 @@ naming that field, so a loaded model never yields silently wrong logits.
 import dataclasses
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 ARCHITECTURES = {
@@ -85,11 +86,14 @@ class ModelConfig:
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+                f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
             )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(
-                f"num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
+                f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} must be in [1, num_experts="
                 f"{self.num_experts}]"
             )
 
@@ -115,14 +119,10 @@ class ModelConfig:
 
     @property
     def jnp_dtype(self) -> np.dtype:
-        import jax.numpy as jnp
-
         return jnp.dtype(self.dtype)
 
     @property
     def jnp_compute_dtype(self) -> np.dtype:
-        import jax.numpy as jnp
-
         return jnp.dtype(self.compute_dtype)
 
     @classmethod
