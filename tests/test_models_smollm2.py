@@ -64,7 +64,7 @@ def test_smollm2_logits_match_transformers(smollm2, batch):
 def test_smollm2_greedy_decode_with_cache_matches_transformers(smollm2, batch):
     tokens, seg, pos = batch
     cfg, params = models.load_hf(smollm2)
-    steps = 8
+    steps = 8  # the first row emits its end token at step 8; HF pads after it, we do not stop
     extend = jax.jit(models.extend, static_argnums=0)
     cache = models.init_cache(cfg, tokens.shape[0], tokens.shape[1] + steps)
     w = models.unembedding(cfg, params)
@@ -86,5 +86,4 @@ def test_smollm2_greedy_decode_with_cache_matches_transformers(smollm2, batch):
             do_sample=False,
             pad_token_id=int(tokens[0, 0]),
         )[:, tokens.shape[1] :].numpy()
-    # Greedy paths may only part where the top two logits are within float noise; check the prefix.
-    np.testing.assert_array_equal(np.stack(out, 1)[:, :4], ref[:, :4])
+    np.testing.assert_array_equal(np.stack(out, 1), ref)
