@@ -126,3 +126,12 @@ def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
     assert hidden.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 3), 3)
     got = np.asarray(hidden) @ np.asarray(params["lm_head"])
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_expert_parallel_forward_equals_unsharded(params, reference):
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2, expert=2))
+    sharded = sharding.shard_params(params, CFG, mesh)
+    assert sharded["moe"]["up"].sharding.spec == P(None, "expert", "fsdp", "tensor")
+    tokens, want = reference
+    got = jax.jit(models.logits, static_argnums=0)(CFG, sharded, sharding.global_batch(tokens, mesh))
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
