@@ -23,6 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
 from grpo_jax import logging as run_logging
@@ -148,6 +149,7 @@ class Trainer:
     def sample(self, examples: list[dict], rng, sampling_cfg) -> dict:
         """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
         texts, prompts = self._prompts(examples)
+        prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
         rollout = jax.device_get(
             sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
         )
@@ -170,7 +172,7 @@ class Trainer:
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
         )
 
-    def rollout_batch(self, rng) -> tuple[ts.Batch, dict]:
+    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray, ...], dict]:
         """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled)."""
         cfg, alg, g = self.cfg, self.cfg.algorithm, self.cfg.sampling.group_size
         want = cfg.train.prompts_per_step
@@ -199,8 +201,9 @@ class Trainer:
         kept = kept[:want]
         return self._batch(kept, weights), self._rollout_metrics(drawn, kept, rounds, sample_time)
 
-    def _batch(self, kept: list, weights: np.ndarray) -> ts.Batch:
-        """Packs the kept groups (padded to the full batch with masked rows) into a train-step Batch."""
+    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Packs the kept groups, padded to the full batch with masked rows, as host arrays
+        (tokens, positions, segment_ids, mask, sampler_logp, advantages)."""
         cfg, g = self.cfg, self.cfg.sampling.group_size
         alg = dataclasses.replace(cfg.algorithm, reward_weights=tuple(weights.tolist()))
         new, width = cfg.sampling.max_new_tokens, cfg.sampling.max_prompt_len
@@ -227,11 +230,23 @@ class Trainer:
                 algorithms.compute_advantages(alg, scores, group_size=g, lengths=mask[:n].sum(1).astype(np.int32))
             )
         tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
-        tok, pos, seg, mask, sampler_logp, advantages = sharding.global_batch(
-            (tok, pos, seg, mask, sampler_logp, advantages), self.mesh
-        )
-        old_logp, _ = ts.completion_logprobs(cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask)
-        return ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, advantages)
+        return tok, pos, seg, mask, sampler_logp, advantages
+
+    def minibatches(self, host: tuple[np.ndarray, ...]) -> list[ts.Batch]:
+        """Splits the host rollout batch into global minibatches and attaches l^old to each, all under
+        the params that sampled them (before any update of this step)."""
+        cfg, k = self.cfg, self.cfg.train.minibatches
+        size = self.rows // k
+        out = []
+        for j in range(k):
+            tok, pos, seg, mask, sampler_logp, adv = sharding.global_batch(
+                tuple(a[j * size:(j + 1) * size] for a in host), self.mesh
+            )
+            old_logp, _ = ts.completion_logprobs(
+                cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
+            )
+            out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv))
+        return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
         g = self.cfg.sampling.group_size
@@ -258,22 +273,18 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------
 
-    def minibatches(self, batch: ts.Batch) -> list[ts.Batch]:
-        k = self.cfg.train.minibatches
-        size = self.rows // k
-        return [jax.tree.map(lambda x: x[j * size:(j + 1) * size], batch) for j in range(k)]
-
     def train_step(self) -> tuple[dict, list[dict]]:
         """One RL step; returns the step's metrics and the per-update train metrics."""
         t0 = time.perf_counter()
-        batch, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
-        metrics["advantage/mean"] = float(jnp.sum(batch.advantages) / max(metrics["groups/kept"] * self.cfg.sampling.group_size, 1))
-        adv = np.asarray(batch.advantages)[: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
+        host, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
+        adv = host[-1][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
+        metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         t1 = time.perf_counter()
+        batches = self.minibatches(host)  # l^old: once, fixed for all mu passes
         updates = []
         for _ in range(self.cfg.algorithm.num_iterations):
-            for mb in self.minibatches(batch):
+            for mb in batches:
                 lr = float(self.schedule(int(self.state.step)))
                 self.state, m = self.update(self.state, self.ref_params, mb)
                 updates.append({**m, "learning_rate": lr})
@@ -283,7 +294,7 @@ class Trainer:
             values = [float(u[name]) for u in updates]
             reduce = max if name.endswith("_max") else min if name.endswith("_min") else np.mean
             metrics[name] = float(reduce(values))
-        train_tokens = float(np.asarray(batch.mask).sum()) * len(updates) / self.cfg.train.minibatches
+        train_tokens = float(host[3].sum()) * self.cfg.algorithm.num_iterations
         metrics.update({
             "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
             "throughput/train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
@@ -309,7 +320,8 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict:
-        state = {"train": self.state, "rng": jax.random.key_data(self.rng)}
+        rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
+        state = {"train": self.state, "rng": rng}
         if self.ref_params is not None:
             state["ref"] = self.ref_params
         return state

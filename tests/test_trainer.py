@@ -1,0 +1,114 @@
+"""The host loop: every preset end to end, mu > 1 semantics, dynamic sampling, kill and resume."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import algorithms, models, trainer
+from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.data import CharTokenizer
+from grpo_jax.rewards import RewardConfig
+
+MODEL = models.ModelConfig(
+    model_type="qwen3", vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
+    num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True,
+    bos_token_id=CharTokenizer.bos_id, eos_token_id=CharTokenizer.eos_id,
+)
+
+
+def config(tmp_path, preset="gspo", **train) -> Config:
+    alg = algorithms.AlgorithmConfig.from_preset(preset)
+    return Config(
+        model=MODEL,
+        tokenizer="char",
+        mesh=MeshConfig(data=2, tensor=-1),
+        # Half the vocabulary stops a completion, so an untrained model's lengths (and with them the
+        # length reward and the advantages) vary within every group.
+        sampling=SamplingConfig(max_prompt_len=6, max_new_tokens=4, group_size=4, stop_tokens=tuple(range(3, 50))),
+        algorithm=alg,
+        reward=RewardConfig(names=("exact", "length"), weights=(1.0, 0.5), num_workers=1),
+        optim=OptimConfig(learning_rate=3e-3),
+        train=TrainConfig(**{
+            "steps": 2, "prompts_per_step": 2, "minibatches": 2, "eval_prompts": 4,
+            "out_dir": str(tmp_path), "checkpoint_every": 1, **train,
+        }),
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(algorithms.PRESETS))
+def test_every_preset_runs_two_steps(preset, tmp_path):
+    t = trainer.Trainer(config(tmp_path, preset))
+    for _ in range(2):
+        metrics, updates = t.train_step()
+        assert all(np.isfinite(v) for v in metrics.values()), metrics
+    mu = t.cfg.algorithm.num_iterations
+    assert int(t.state.step) == 2 * mu * 2 and int(t.state.skipped) == 0
+    assert (t.ref_params is None) == (t.cfg.algorithm.beta == 0)
+    assert metrics["groups/kept"] <= 2 and metrics["completion/length_mean"] > 0
+
+
+def test_mu_2_reuses_old_logprobs_so_the_ratio_moves_and_clips(tmp_path):
+    cfg = config(tmp_path, "gspo", minibatches=1)
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, num_iterations=2))
+    _, updates = trainer.Trainer(cfg).train_step()
+    first, second = updates
+    # First inner step: on-policy, l == l^old exactly, so every ratio is 1 and nothing clips.
+    assert first["log_ratio_abs_max"] < 1e-5
+    assert first["clip_frac_low"] == first["clip_frac_high"] == 0
+    # Second: same rollouts, same l^old, moved params: the ratio leaves 1 and GSPO's clip engages.
+    assert second["log_ratio_abs_max"] > 1e-3
+    assert second["clip_frac_low"] + second["clip_frac_high"] > 0
+
+
+def test_dynamic_sampling_drops_zero_variance_groups(tmp_path):
+    cfg = config(tmp_path, "dapo")
+    # Exact match only and no overlong shaping: an untrained model scores 0 everywhere, so every
+    # group is dropped. (With shaping on, lengths differ and so do the shaped rewards.)
+    cfg = dataclasses.replace(
+        cfg,
+        reward=RewardConfig(names=("exact",), weights=(1.0,), num_workers=1),
+        algorithm=dataclasses.replace(cfg.algorithm, overlong_buffer_frac=0.0),
+    )
+    t = trainer.Trainer(cfg)
+    metrics, _ = t.train_step()
+    assert metrics["groups/kept"] == 0 and metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches
+    assert t.position == cfg.algorithm.max_gen_batches  # each round consumed a prompt batch
+    assert metrics["loss"] == 0 and int(t.state.skipped) == 0
+
+
+def test_overlong_penalty_matches_dapo():
+    lengths = np.array([0, 12, 13, 14, 16, 20])
+    np.testing.assert_allclose(trainer.overlong_penalty(lengths, 16, 4, 1.0), [0, 0, -0.25, -0.5, -1, -1])
+
+
+def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
+    straight = trainer.train(config(tmp_path / "straight", steps=4))
+
+    real_step = trainer.Trainer.train_step
+
+    def killed_at_3(self):
+        if self.step == 2:
+            raise KeyboardInterrupt  # a kill after step 2; the exit path still checkpoints
+        return real_step(self)
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", killed_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(config(tmp_path / "resumed", steps=4))
+    monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
+    resumed = trainer.train(config(tmp_path / "resumed", steps=4))
+
+    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+            for name in ("straight", "resumed")}
+    by_step = {name: {r["step"]: r for r in rs if "reward/mean" in r} for name, rs in rows.items()}
+    assert sorted(by_step["resumed"]) == sorted(by_step["straight"]) == [1, 2, 3, 4]
+    for step in (3, 4):
+        a, b = by_step["straight"][step], by_step["resumed"][step]
+        for key in ("reward/mean", "loss", "grad_norm", "completion/length_mean", "ratio_max"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=f"{key} at step {step}")
+    assert straight["last_eval"] == resumed["last_eval"]
+    for name in ("straight", "resumed"):
+        assert (tmp_path / name / "curves.png").stat().st_size > 0
+        assert list((tmp_path / name / "tensorboard").iterdir())
