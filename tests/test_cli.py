@@ -1,5 +1,6 @@
 """The command line: config files, --set parsing by field type, presets, typo suggestions."""
 
+import json
 import pathlib
 
 import pytest
@@ -58,3 +59,52 @@ def test_config_file_errors(tmp_path):
 def test_every_experiment_config_builds():
     for path in sorted((ROOT / "experiments" / "configs").glob("*.py")):
         assert isinstance(load_config(path), Config), path
+
+
+def tiny_hf_checkpoint(path: pathlib.Path) -> None:
+    """A random Qwen2-style checkpoint (models.init + save_hf) with a byte-level BPE trained on the fixture."""
+    import jax
+    import tokenizers
+    import transformers
+
+    from grpo_jax import models
+
+    texts = (ROOT / "tests" / "fixtures" / "gsm8k_tiny.jsonl").read_text().splitlines()
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=320, special_tokens=["<pad>", "<eos>", "<|user|>", "<|assistant|>"])
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<eos>", pad_token="<pad>")
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    tok.save_pretrained(path)
+    cfg = models.ModelConfig(
+        model_type="qwen2", vocab_size=len(tok) + 15,  # padded, as real checkpoints are
+        hidden_size=32, intermediate_size=64, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=16, tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+    )
+    models.save_hf(cfg, models.init(cfg, jax.random.key(0)), path)
+
+
+def test_gsm8k_config_trains_a_tiny_hf_checkpoint(tmp_path):
+    from grpo_jax.train import main
+
+    tiny_hf_checkpoint(tmp_path / "ckpt")
+    fixture = ROOT / "tests" / "fixtures" / "gsm8k_tiny.jsonl"
+    out = tmp_path / "run"
+    main([
+        "--config", str(ROOT / "experiments" / "configs" / "gsm8k.py"),
+        "--set", f"model_path={tmp_path / 'ckpt'}", "--set", f"task.path={fixture}",
+        "--set", f"task.eval_path={fixture}", "--set", f"train.out_dir={out}",
+        "--set", "mesh.data=2", "--set", "mesh.tensor=4", "--set", "sampling.max_new_tokens=6",
+        "--set", "sampling.group_size=2", "--set", "train.prompts_per_step=4", "--set", "train.steps=2",
+        "--set", "train.minibatches=2", "--set", "train.micro_batches=2", "--set", "train.eval_prompts=2",
+        "--set", "reward.num_workers=1", "--set", "optim.warmup_steps=0",
+    ])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    from grpo_jax import models
+
+    exported_cfg, _ = models.load_hf(out / "hf")  # the exported policy loads back, tokenizer beside it
+    assert exported_cfg.model_type == "qwen2" and (out / "hf" / "tokenizer.json").is_file()
+    assert (out / "curves.png").is_file()
