@@ -15,7 +15,7 @@ PLOT_PANELS = (
     ("accuracy", "eval/accuracy_sampled"),
     ("completion/length_mean",),
     ("clip_frac_low", "clip_frac_high"),
-    ("kl", "entropy"),
+    ("kl_k3_mean", "entropy_mean"),
     ("grad_norm",),
 )
 # Shown on the progress bar.

@@ -216,3 +216,18 @@ def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, s
         out_shardings=(state_sharding, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
         donate_argnums=0,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh):
+    """(optimizer, state sharding, reference-params sharding or None, jitted step) for a run.
+
+    Cached on (config, schedule length, mesh), so runs that share them (a resume in the same
+    process, a sweep over seeds) share one compilation.
+    """
+    optimizer = make_optimizer(cfg.optim, total_updates)
+    params = jax.eval_shape(lambda key: models.init(cfg.model, key), jax.random.key(0))
+    state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
+    state_sharding = sharding.param_shardings(state, cfg.model, mesh)
+    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if cfg.algorithm.beta > 0 else None
+    return optimizer, state_sharding, ref_sharding, jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)

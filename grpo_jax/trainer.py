@@ -124,15 +124,12 @@ class Trainer:
                 )
         self.total_updates = tr.steps * alg.num_iterations * tr.minibatches
         self.schedule = ts.learning_rate(cfg.optim, self.total_updates)
-        self.optimizer = ts.make_optimizer(cfg.optim, self.total_updates)
-
-        state = ts.init_state(params, self.optimizer)
-        self.state_sharding = sharding.param_shardings(state, cfg.model, self.mesh)
-        self.state = jax.device_put(state, self.state_sharding)
+        self.optimizer, self.state_sharding, ref_sharding, self.update = ts.compiled_train_step(
+            cfg, self.total_updates, self.mesh
+        )
+        self.state = jax.device_put(ts.init_state(params, self.optimizer), self.state_sharding)
         # beta = 0: no reference params exist at all. A copy, because the train state is donated.
-        ref_sharding = sharding.param_shardings(params, cfg.model, self.mesh) if alg.beta > 0 else None
         self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
-        self.update = ts.jit_train_step(cfg, self.optimizer, self.mesh, self.state_sharding, ref_sharding)
         self.rng = jax.random.key(cfg.train.seed)
         self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
         self.position = 0  # prompt batches consumed
@@ -337,7 +334,8 @@ class Trainer:
 
 
 def train(cfg: Config, params=None) -> dict:
-    """Runs (or resumes) a whole RL run; returns the first and last evaluation and the wall time."""
+    """Runs (or resumes) a whole RL run; returns the first and last evaluation, the wall time and the
+    final params."""
     start = time.perf_counter()
     trainer = Trainer(cfg, params)
     cfg, tr = trainer.cfg, trainer.cfg.train
@@ -365,4 +363,5 @@ def train(cfg: Config, params=None) -> dict:
         logger.close()
     if tr.export_hf and jax.process_index() == 0:
         checkpoint.export_hf(cfg.model, trainer.state.params, out / "hf", tokenizer_dir=trainer.source_path)
-    return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start}
+    return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
+            "params": trainer.state.params}

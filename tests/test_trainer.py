@@ -85,7 +85,9 @@ def test_overlong_penalty_matches_dapo():
 
 
 def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
-    straight = trainer.train(config(tmp_path / "straight", steps=4))
+    cfg = config(tmp_path / "run", steps=4)  # one config (and one compilation) for all three runs
+    straight = trainer.train(cfg)
+    (tmp_path / "run").rename(tmp_path / "straight")
 
     real_step = trainer.Trainer.train_step
 
@@ -96,19 +98,21 @@ def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer.Trainer, "train_step", killed_at_3)
     with pytest.raises(KeyboardInterrupt):
-        trainer.train(config(tmp_path / "resumed", steps=4))
+        trainer.train(cfg)
     monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
-    resumed = trainer.train(config(tmp_path / "resumed", steps=4))
+    resumed = trainer.train(cfg)
 
     rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("straight", "resumed")}
+            for name in ("straight", "run")}
     by_step = {name: {r["step"]: r for r in rs if "reward/mean" in r} for name, rs in rows.items()}
-    assert sorted(by_step["resumed"]) == sorted(by_step["straight"]) == [1, 2, 3, 4]
+    assert sorted(by_step["run"]) == sorted(by_step["straight"]) == [1, 2, 3, 4]
     for step in (3, 4):
-        a, b = by_step["straight"][step], by_step["resumed"][step]
+        a, b = by_step["straight"][step], by_step["run"][step]
         for key in ("reward/mean", "loss", "grad_norm", "completion/length_mean", "ratio_max"):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=f"{key} at step {step}")
     assert straight["last_eval"] == resumed["last_eval"]
-    for name in ("straight", "resumed"):
+    for a, b in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    for name in ("straight", "run"):
         assert (tmp_path / name / "curves.png").stat().st_size > 0
         assert list((tmp_path / name / "tensorboard").iterdir())
