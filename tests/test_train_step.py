@@ -1,6 +1,7 @@
 """The jitted train step against an unjitted full-logits reference with a hand-written AdamW."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -95,92 +96,76 @@ def reference_adamw(params, grads, m, v, t, o: OptimConfig):
     return new, m, v, norm
 
 
-def mesh_step(cfg: Config, optimizer, params, mesh_cfg=MeshConfig(data=1), devices=None):
-    """(jitted step, initial state placed as the step expects it) on a mesh (default: one device)."""
-    mesh = sharding.make_mesh(mesh_cfg, devices or jax.devices()[:1])
-    state = ts.init_state(jax.tree.map(jnp.copy, params), optimizer)
-    state_sharding = sharding.param_shardings(state, MODEL, mesh)
-    ref_sharding = sharding.param_shardings(params, MODEL, mesh) if cfg.algorithm.beta > 0 else None
-    step = ts.jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)
-    return step, jax.device_put(state, state_sharding)
-
-
+MESHES = {"1 device": MeshConfig(data=1), "2x2x2": MeshConfig(data=2, fsdp=2, tensor=2)}
 NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
 
 
-@pytest.mark.parametrize("preset", ["grpo", "gspo", "dr_grpo"])
-def test_jitted_step_equals_unjitted_reference(preset, params, rollouts):
+def compiled(preset: str, mesh: str, params):
+    """(cached jitted step, fresh initial state placed as the step expects it)."""
+    cfg = config(preset)
+    devices = jax.devices()[: math.prod(dataclasses.astuple(MESHES[mesh]))]
+    optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MESHES[mesh], devices))
+    return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)
+
+
+_REFERENCE: dict[str, list] = {}  # preset -> trajectory; params and rollouts are module fixtures
+
+
+def reference_trajectory(preset: str, params, rollouts) -> list:
+    """(loss, grad norm, params) after each of two updates: full logits, unsplit batch, numpy AdamW."""
+    if preset in _REFERENCE:
+        return _REFERENCE[preset]
     cfg = config(preset)
     batch = make_batch(rollouts, NOISE.get(preset, 0.2))
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
-    optimizer = ts.make_optimizer(cfg.optim, total_updates=10)
-    step, state = mesh_step(cfg, optimizer, params)
-
     leaves, treedef = jax.tree.flatten(params)
     p_ref = [np.asarray(x, np.float64) for x in leaves]
-    m = [np.zeros_like(x) for x in p_ref]
-    v = [np.zeros_like(x) for x in p_ref]
+    m, v = [np.zeros_like(x) for x in p_ref], [np.zeros_like(x) for x in p_ref]
+    out = []
     for t in (1, 2):  # the second update sees moved params and non-zero Adam moments
         current = jax.tree.unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in p_ref])
         loss, grads = jax.value_and_grad(reference_loss, argnums=1)(cfg, current, ref_params, batch)
         p_ref, m, v, norm = reference_adamw(p_ref, jax.tree.leaves(grads), m, v, t, cfg.optim)
+        out.append((float(loss), norm, p_ref))
+    _REFERENCE[preset] = out
+    return out
+
+
+@pytest.mark.parametrize("preset, mesh", [("grpo", "1 device"), ("gspo", "1 device"), ("dr_grpo", "1 device"), ("grpo", "2x2x2")])
+def test_jitted_step_equals_unjitted_reference(preset, mesh, params, rollouts):
+    """Two updates with micro_batches=2 equal the unsplit reference: exact accumulation, clipping,
+    AdamW; on the (2,2,2) mesh (grpo: reference params sharded too) as on one device."""
+    cfg = config(preset)
+    batch = make_batch(rollouts, NOISE.get(preset, 0.2))
+    ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
+    step, state = compiled(preset, mesh, params)
+    for t, (loss, norm, p_ref) in enumerate(reference_trajectory(preset, params, rollouts), 1):
         state, metrics = step(state, ref_params, batch)
         np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
-        assert norm > cfg.optim.max_grad_norm  # gradient clipping is exercised
-        assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1  # and so is ratio clipping
+        if t == 1:  # gradient clipping and ratio clipping are both exercised
+            assert norm > cfg.optim.max_grad_norm
+            assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1
         for got, want in zip(jax.tree.leaves(state.params), p_ref):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     assert int(state.step) == 2 and int(state.skipped) == 0
 
 
-def test_micro_batches_do_not_change_the_update(params, rollouts):
-    batch = make_batch(rollouts, NOISE["gspo"], seed=3)
-    outs = []
-    for k in (1, 4):
-        cfg = config("gspo", micro_batches=k)
-        step, state = mesh_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
-        outs.append(step(state, None, batch))
-    (s1, m1), (s4, m4) = outs
-    for name in m1:
-        np.testing.assert_allclose(m1[name], m4[name], rtol=2e-5, atol=1e-6, err_msg=name)
-    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
-        np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-def test_mesh_2x2x2_equals_single_device(params, rollouts):
-    cfg = config("grpo")  # beta > 0: the reference params are sharded too
-    batch = make_batch(rollouts, 0.2)
-    ref_params = jax.tree.map(lambda p: p * 1.01, params)
-    optimizer = ts.make_optimizer(cfg.optim, 10)
-    outs = []
-    for mesh_cfg, devices in ((MeshConfig(data=1), jax.devices()[:1]), (MeshConfig(data=2, fsdp=2, tensor=2), jax.devices())):
-        step, state = mesh_step(cfg, optimizer, params, mesh_cfg, devices)
-        state, metrics = step(state, ref_params, batch)
-        outs.append(jax.device_get((state, metrics)))
-    (s1, m1), (s8, m8) = outs
-    for name in m1:
-        np.testing.assert_allclose(m1[name], m8[name], rtol=2e-5, atol=1e-6, err_msg=name)
-    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s8.params)):
-        np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-@pytest.mark.parametrize("poison", [np.nan, np.inf])
-def test_non_finite_update_is_skipped_and_counted(poison, params, rollouts):
-    cfg = config("gspo")
-    step, state = mesh_step(cfg, ts.make_optimizer(cfg.optim, 10), params)
+def test_non_finite_update_is_skipped_and_counted(params, rollouts):
+    step, state = compiled("gspo", "1 device", params)
     batch = make_batch(rollouts, NOISE["gspo"])
     state, _ = step(state, None, batch)
-    before = jax.device_get(state)
-    bad = dataclasses.replace(batch, advantages=batch.advantages.at[0].set(poison))
-    state, metrics = step(state, None, bad)
-    assert not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"])
-    assert int(state.skipped) == 1 and int(state.step) == 1 and metrics["skipped_updates"] == 1
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state))):
-        if a.dtype != jnp.int32 or a.shape:
-            np.testing.assert_array_equal(a, b)
+    for skipped, poison in enumerate((np.nan, np.inf), 1):
+        before = jax.device_get(state)
+        bad = dataclasses.replace(batch, advantages=batch.advantages.at[0].set(poison))
+        state, metrics = step(state, None, bad)
+        assert not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"])
+        assert int(state.skipped) == skipped and int(state.step) == 1 and metrics["skipped_updates"] == skipped
+        for a, b in zip(jax.tree.leaves(before.params) + jax.tree.leaves(before.opt_state),
+                        jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state)):
+            np.testing.assert_array_equal(a, np.asarray(b))  # params and optimizer state untouched
     state, _ = step(state, None, batch)  # and training goes on
-    assert int(state.step) == 2 and int(state.skipped) == 1
+    assert int(state.step) == 2 and int(state.skipped) == 2
 
 
 def test_schedule_warmup_then_cosine():
