@@ -115,3 +115,19 @@ def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     for name in ("straight", "run"):
         assert (tmp_path / name / "curves.png").stat().st_size > 0
         assert list((tmp_path / name / "tensorboard").iterdir())
+
+
+def test_truncation_masking_and_truncated_importance_sampling(tmp_path):
+    cfg = config(tmp_path, "grpo")
+    # No stop tokens: an untrained model runs every completion into the length limit.
+    cfg = dataclasses.replace(
+        cfg,
+        sampling=dataclasses.replace(cfg.sampling, stop_tokens=()),
+        algorithm=dataclasses.replace(cfg.algorithm, mask_truncated=True, tis_level="token", tis_cap=2.0),
+    )
+    t = trainer.Trainer(cfg)
+    host, metrics = t.rollout_batch(jax.random.key(0))
+    assert metrics["completion/truncated_frac"] == 1.0
+    assert host[3].sum() == 0  # every token masked out
+    metrics, _ = t.train_step()
+    assert metrics["loss"] == 0 and metrics["grad_norm"] == 0 and "tis_weight_mean" in metrics
