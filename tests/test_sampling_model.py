@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import models, sharding
+from grpo_jax import models, sampling, sharding
 from grpo_jax.config import MeshConfig, SamplingConfig
 from grpo_jax.sampling import decode_step, generate, pad_prompts, prefill
 
@@ -82,7 +82,9 @@ def test_same_seed_same_samples_whatever_the_batch_composition(model):
     rows = 2 * SCFG.group_size
     np.testing.assert_array_equal(first.tokens, both.tokens[:rows])
     np.testing.assert_allclose(first.logprobs, both.logprobs[:rows], atol=1e-6)
+    compiled = sampling._rollout._cache_size()
     other = generate(cfg, params, pad_prompts(PROMPTS[:2], SCFG), jax.random.key(4), SCFG)
+    assert sampling._rollout._cache_size() == compiled  # a new seed, same shapes: no recompilation
     assert (np.asarray(other.tokens) != np.asarray(first.tokens)).any()
     samples = np.asarray(both.tokens).reshape(len(PROMPTS), SCFG.group_size, -1)
     assert (samples[:, 0] != samples[:, 1]).any()  # the G samples of a prompt differ
