@@ -119,7 +119,7 @@ class Config:
     sampling: SamplingConfig = SamplingConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
-    task: ArithmeticConfig | CountdownConfig | FileTaskConfig = ArithmeticConfig()
+    task: ArithmeticConfig | CountdownConfig | FileTaskConfig = ArithmeticConfig()  # its type picks the task
     template: PromptTemplate = PLAIN
     reward: RewardConfig = RewardConfig(names=("exact",))
     train: TrainConfig = TrainConfig()
