@@ -66,12 +66,6 @@ def build_task(cfg: Config) -> Task:
     return Task(train, held_out, load_tokenizer(cfg), cfg.reward.functions(cfg.sampling.max_new_tokens))
 
 
-def overlong_penalty(lengths: np.ndarray, limit: int, buffer: int, kappa: float) -> np.ndarray:
-    """DAPO overlong shaping: 0 up to limit - buffer, then linear down to -kappa at the limit."""
-    soft = limit - buffer
-    return np.where(lengths <= soft, 0.0, np.where(lengths <= limit, (soft - lengths) / buffer * kappa, -kappa))
-
-
 def check(cfg: Config) -> None:
     """User errors of the run's shape, raised before anything compiles."""
     alg, tr, s = cfg.algorithm, cfg.train, cfg.sampling
@@ -83,14 +77,6 @@ def check(cfg: Config) -> None:
         )
     if s.group_size < 2:
         raise ValueError(f"sampling.group_size={s.group_size}: group advantages need at least 2 samples per prompt")
-    if alg.reward_weights:
-        raise ValueError(
-            "algorithm.reward_weights is set; reward weights live in reward.weights (one per reward.names)"
-        )
-    if alg.overlong_buffer_frac and "overlong" in cfg.reward.names:
-        raise ValueError(
-            "overlong shaping is on twice: algorithm.overlong_buffer_frac and reward 'overlong'; keep one"
-        )
 
 
 class Trainer:
@@ -184,11 +170,9 @@ class Trainer:
             rounds += 1
             lengths = np.asarray(s["rollout"].lengths)
             scores = s["rewards"]
-            if shaping:
-                limit = cfg.sampling.max_new_tokens
-                buffer = max(int(alg.overlong_buffer_frac * limit), 1)
-                pen = overlong_penalty(lengths, limit, buffer, alg.overlong_kappa)
-                scores = np.concatenate([scores, pen[:, None].astype(np.float32)], axis=1)
+            if shaping:  # one more reward column, of weight 1
+                pen = np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))
+                scores = np.concatenate([scores, pen[:, None]], axis=1)
             total = (scores @ weights).reshape(-1, g)
             keep = np.ptp(total, axis=1) > 0 if alg.dynamic_sampling else np.ones(len(total), bool)
             drawn.append(s)
@@ -202,7 +186,7 @@ class Trainer:
         """Packs the kept groups, padded to the full batch with masked rows, as host arrays
         (tokens, positions, segment_ids, mask, sampler_logp, advantages)."""
         cfg, g = self.cfg, self.cfg.sampling.group_size
-        alg = dataclasses.replace(cfg.algorithm, reward_weights=tuple(weights.tolist()))
+        alg = cfg.algorithm
         new, width = cfg.sampling.max_new_tokens, cfg.sampling.max_prompt_len
         tokens = np.zeros((self.rows, width + new), np.int32)
         prompt_lengths = np.ones((self.rows,), np.int32)
@@ -224,7 +208,9 @@ class Trainer:
         if n:
             scores = np.concatenate([sc for _, _, sc in kept])
             advantages[:n] = np.asarray(
-                algorithms.compute_advantages(alg, scores, group_size=g, lengths=mask[:n].sum(1).astype(np.int32))
+                algorithms.compute_advantages(
+                    alg, scores, group_size=g, lengths=mask[:n].sum(1).astype(np.int32), reward_weights=weights
+                )
             )
         tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
         return tok, pos, seg, mask, sampler_logp, advantages

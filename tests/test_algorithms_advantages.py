@@ -1,12 +1,10 @@
 """Advantage estimators against hand arithmetic and a float64 NumPy reference (a loop over groups)."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages
+from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages, overlong_penalty
 
 EPS = 1e-6
 
@@ -37,9 +35,9 @@ def np_estimate(name, r, groups, lengths):
     return out
 
 
-def np_advantages(c, rewards, groups, lengths):
+def np_advantages(c, rewards, groups, lengths, weights=None):
     rewards = rewards.reshape(len(rewards), -1)
-    w = np.asarray(c.reward_weights or (1.0,) * rewards.shape[1])
+    w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights)
     if c.reward_combine == "sum_then_normalize":
         adv = np_estimate(c.advantage, rewards @ w, groups, lengths)
     else:
@@ -60,15 +58,15 @@ def random_rewards(seed, n_groups=4, g=3, k=1):
 
 
 @pytest.mark.parametrize("name", list(ADVANTAGES))
-@pytest.mark.parametrize("options", [dict(), dict(gpg_scale=True), dict(reward_weights=(1.0, 0.5)),
-                                     dict(reward_weights=(1.0, 0.5), reward_combine="normalize_then_sum")])
-def test_estimators_match_numpy(name, options):
+@pytest.mark.parametrize("weights, options", [(None, dict()), (None, dict(gpg_scale=True)), ((1.0, 0.5), dict()),
+                                              ((1.0, 0.5), dict(reward_combine="normalize_then_sum"))])
+def test_estimators_match_numpy(name, weights, options):
     c = cfg(name, **options)
-    k = len(c.reward_weights) or 1
-    rewards, lengths = random_rewards(hash((name, str(options))) % 1000, k=k)
+    k = len(weights or (1,))
+    rewards, lengths = random_rewards(hash((name, str(weights), str(options))) % 1000, k=k)
     groups = np.arange(len(rewards)) // 3
-    got = compute_advantages(c, rewards if k > 1 else rewards[:, 0], group_size=3, lengths=lengths)
-    want = np_advantages(c, rewards.astype(np.float64), groups, lengths)
+    got = compute_advantages(c, rewards if k > 1 else rewards[:, 0], group_size=3, lengths=lengths, reward_weights=weights)
+    want = np_advantages(c, rewards.astype(np.float64), groups, lengths, weights)
     assert got.dtype == np.float32 and got.shape == (len(rewards),)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -106,13 +104,15 @@ def test_hand_two_reward_functions():
     # rewards (R1, R2) in one group of 2: (1, 0) and (0, 2), weights (1, 0.5)
     r = np.array([[1.0, 0.0], [0.0, 2.0]], np.float32)
     # sum_then_normalize: R = (1, 1) -> group_mean gives (0, 0)
-    c = cfg("group_mean", reward_weights=(1.0, 0.5))
-    np.testing.assert_allclose(compute_advantages(c, r, group_size=2), [0, 0], atol=1e-6)
+    c = cfg("group_mean")
+    np.testing.assert_allclose(compute_advantages(c, r, group_size=2, reward_weights=(1.0, 0.5)), [0, 0], atol=1e-6)
     # normalize_then_sum (GDPO): per column group_mean -> (0.5, -0.5) and (-1, 1); weighted sum
     # (0.5 - 0.5, -0.5 + 0.5) = (0, 0) -> standardized (0, 0); with weights (1, 0.25): (0.25, -0.25),
     # batch std (ddof 1) = sqrt(2 * 0.0625) -> (1, -1) / sqrt(2)
-    c = cfg("group_mean", reward_weights=(1.0, 0.25), reward_combine="normalize_then_sum")
-    np.testing.assert_allclose(compute_advantages(c, r, group_size=2), np.array([1, -1]) / np.sqrt(2), atol=1e-5)
+    c = cfg("group_mean", reward_combine="normalize_then_sum")
+    np.testing.assert_allclose(
+        compute_advantages(c, r, group_size=2, reward_weights=(1.0, 0.25)), np.array([1, -1]) / np.sqrt(2), atol=1e-5
+    )
 
 
 def test_user_errors():
@@ -128,4 +128,15 @@ def test_user_errors():
     with pytest.raises(ValueError, match="needs lengths"):
         compute_advantages(cfg("opo"), r, group_size=2)
     with pytest.raises(ValueError, match="reward_weights"):
-        compute_advantages(dataclasses.replace(cfg("rloo"), reward_weights=(1.0, 2.0)), r, group_size=2)
+        compute_advantages(cfg("rloo"), r, group_size=2, reward_weights=(1.0, 2.0))
+
+
+@pytest.mark.parametrize(
+    "frac, kappa, expected",  # L_max = 16, B = 0.25 * 16 = 4: the ramp is (12, 16]
+    [(0.25, 1.0, [0, 0, -0.25, -0.5, -1, -1]), (0.25, 2.0, [0, 0, -0.5, -1, -2, -2]),
+     (0.01, 1.0, [0, 0, 0, 0, -1, -1])],  # B = max(int(0.16), 1) = 1: the ramp is (15, 16]
+)
+def test_overlong_penalty_is_dapos(frac, kappa, expected):
+    lengths = np.array([0, 12, 13, 14, 16, 20])
+    c = cfg("group_std", overlong_buffer_frac=frac, overlong_kappa=kappa)
+    np.testing.assert_allclose(overlong_penalty(c, lengths, 16), expected, atol=1e-7)

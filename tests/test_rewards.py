@@ -128,47 +128,36 @@ def test_countdown_reward_fractions():
     assert functions.countdown("q", "<answer>6/(1-3/4)</answer>", example) == 1.0
 
 
-@pytest.mark.parametrize(
-    "length, kappa, expected",  # L_max = 16, B = 4: soft zone (12, 16]
-    [(5, 1.0, 0.0), (12, 1.0, 0.0), (13, 1.0, -0.25), (14, 1.0, -0.5), (16, 1.0, -1.0), (20, 1.0, -1.0), (14, 2.0, -1.0), (30, 2.0, -2.0)],
-)
-def test_overlong_penalty(length, kappa, expected):
-    value = functions.overlong_penalty("q", "c", {}, completion_len=length, max_len=16, buffer=4, kappa=kappa)
-    assert value == pytest.approx(expected)
-
-
 def test_length_penalty():
     assert functions.length_penalty("q", "c", {}, completion_len=8, max_len=32) == -0.25
 
 
 def test_reward_config_binds_limits_and_validates():
-    cfg = RewardConfig(names=("math", "overlong", "length"), weights=(1.0, 1.0, 0.1), overlong_buffer=4, overlong_kappa=0.5)
-    math_fn, overlong_fn, length_fn = cfg.functions(max_len=16)
+    cfg = RewardConfig(names=("math", "length"), weights=(1.0, 0.1))
+    math_fn, length_fn = cfg.functions(max_len=16)
     assert math_fn is REWARDS["math"]
-    assert overlong_fn("q", "c", {}, completion_len=14) == pytest.approx(-0.25)
     assert length_fn("q", "c", {}, completion_len=4) == -0.25
     with pytest.raises(ValueError, match="unknown reward"):
         RewardConfig(names=("mathh",))
     with pytest.raises(ValueError, match="one weight per name"):
         RewardConfig(names=("math", "format"), weights=(1.0,))
-    with pytest.raises(ValueError, match="overlong_buffer"):
+    with pytest.raises(ValueError, match="unknown reward"):  # DAPO overlong shaping is algorithm.overlong_*
         RewardConfig(names=("overlong",), weights=(1.0,))
-    with pytest.raises(ValueError, match="overlong_buffer"):
-        RewardConfig(names=("overlong",), weights=(1.0,), overlong_buffer=64).functions(max_len=32)
 
 
 def test_score_shapes_values_and_metrics():
-    cfg = RewardConfig(names=("math", "format", "overlong"), weights=(1.0, 0.5, 1.0), overlong_buffer=4)
+    cfg = RewardConfig(names=("math", "format", "length"), weights=(1.0, 0.5, 1.0))
     completions = ["\\boxed{\\frac{1}{2}}", "#### 1,234", "maybe 7"]
     examples = [HALF, GSM, {"answer": "-7"}]
     rewards, metrics = score(
         cfg.functions(max_len=16), cfg.weights, ["q"] * 3, completions, examples, completion_lens=[3, 14, 20]
     )
     assert rewards.dtype == np.float32 and rewards.shape == (3, 3)
-    np.testing.assert_array_equal(rewards, [[1, 1, 0], [1, 1, -0.5], [0, 0, -1]])
+    # length: -L / L_max = -3/16, -14/16, -20/16
+    np.testing.assert_array_equal(rewards, [[1, 1, -0.1875], [1, 1, -0.875], [0, 0, -1.25]])
     assert metrics["reward/math_equal/mean"] == pytest.approx(2 / 3)
-    assert metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
-    assert metrics["reward/total_mean"] == pytest.approx((1.5 + 1.0 - 1.0) / 3)
+    assert metrics["reward/length_penalty/mean"] == pytest.approx(-37 / 48)
+    assert metrics["reward/total_mean"] == pytest.approx((1.3125 + 0.625 - 1.25) / 3)
     assert metrics["reward/errors"] == metrics["reward/timeouts"] == 0
 
 

@@ -79,11 +79,6 @@ def test_dynamic_sampling_drops_zero_variance_groups(tmp_path):
     assert metrics["loss"] == 0 and int(t.state.skipped) == 0
 
 
-def test_overlong_penalty_matches_dapo():
-    lengths = np.array([0, 12, 13, 14, 16, 20])
-    np.testing.assert_allclose(trainer.overlong_penalty(lengths, 16, 4, 1.0), [0, 0, -0.25, -0.5, -1, -1])
-
-
 def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
     cfg = config(tmp_path / "run", steps=2)  # one config (and one compilation) for all three runs
     straight = trainer.train(cfg)

@@ -4,7 +4,7 @@ Registries map names to functions (ADVANTAGES, LOSSES); a new variant is one fun
 `@advantage(...)` / `@loss(...)` line, and the tests iterate over the registries.
 """
 
-from grpo_jax.algorithms.advantages import ADVANTAGES, advantage, compute_advantages
+from grpo_jax.algorithms.advantages import ADVANTAGES, advantage, compute_advantages, overlong_penalty
 from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig
 from grpo_jax.algorithms.losses import (
     AGGREGATIONS,
@@ -24,5 +24,6 @@ from grpo_jax.algorithms.ratio import clipped_surrogate
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "SEQUENCE_LOSSES",
     "AlgorithmConfig", "Normalizer", "advantage", "clipped_surrogate", "combine_metrics",
-    "compute_advantages", "finalize_metrics", "kl_penalty", "loss", "normalizer", "policy_loss",
+    "compute_advantages", "finalize_metrics", "kl_penalty", "loss", "normalizer", "overlong_penalty",
+    "policy_loss",
 ]

@@ -5,6 +5,7 @@ with `@advantage("name")`; groups are integer ids (samples sharing an id share a
 [num_groups, G] layout and explicit ids go through one code path.
 """
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable
 
 import jax
@@ -116,12 +117,14 @@ def compute_advantages(
     group_size: int | None = None,
     group_ids: Int[Array, " n"] | None = None,
     lengths: Int[Array, " n"] | None = None,
+    reward_weights: Sequence[float] | None = None,
 ) -> Float[Array, " n"]:
     """Advantages for N completions from one reward per completion, or K weighted rewards [N, K].
 
     Groups: `group_size=G` (consecutive rows form a group) or `group_ids` (any integers in [0, N)).
     `lengths` (counted completion lengths) are needed by the opo estimator only.
-    K rewards combine per `cfg.reward_combine`: sum_then_normalize (R = sum_k w_k R^k, then the
+    `reward_weights` w_k (one per column, default all 1; the trainer passes RewardConfig.weights)
+    combine per `cfg.reward_combine`: sum_then_normalize (R = sum_k w_k R^k, then the
     estimator) or normalize_then_sum (GDPO: the estimator on each R^k, weighted sum, then
     standardized over the batch). `cfg.gpg_scale` multiplies by N / N_valid, N_valid the samples in
     groups whose reward rows are not all equal.
@@ -129,11 +132,11 @@ def compute_advantages(
     rewards = jnp.asarray(rewards, jnp.float32)
     rewards = rewards[:, None] if rewards.ndim == 1 else rewards
     n, k = rewards.shape
-    weights = cfg.reward_weights or (1.0,) * k
+    weights = (1.0,) * k if reward_weights is None else tuple(reward_weights)
     if len(weights) != k:
         raise ValueError(
-            f"compute_advantages: {k} reward column(s) but AlgorithmConfig.reward_weights has "
-            f"{len(weights)}; give one weight per reward function."
+            f"compute_advantages: {k} reward column(s) but {len(weights)} reward_weights; give one "
+            "weight per reward function."
         )
     if cfg.advantage == "opo" and lengths is None:
         raise ValueError("compute_advantages: advantage='opo' needs lengths= (counted completion lengths).")
@@ -152,3 +155,15 @@ def compute_advantages(
         valid = (spread[groups] > 0).any(axis=1)
         adv = adv * n / jnp.maximum(valid.sum(), 1)
     return adv.astype(jnp.float32)
+
+
+def overlong_penalty(
+    cfg: "AlgorithmConfig", lengths: Int[Array, " n"], max_len: int
+) -> Float[Array, " n"]:
+    """DAPO overlong shaping, a reward term: 0 up to L_max - B, then linear down to -kappa at L_max
+    (B = overlong_buffer_frac * L_max, at least one token); -kappa past L_max."""
+    buffer = max(int(cfg.overlong_buffer_frac * max_len), 1)
+    soft = max_len - buffer
+    lengths = jnp.asarray(lengths, jnp.float32)
+    ramp = (soft - lengths) / buffer * cfg.overlong_kappa
+    return jnp.where(lengths <= soft, 0.0, jnp.where(lengths <= max_len, ramp, -cfg.overlong_kappa))

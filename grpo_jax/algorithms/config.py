@@ -32,8 +32,7 @@ class AlgorithmConfig:
     advantage: str = "group_std"
     adv_eps: float = 1e-6  # std + eps in the denominators
     gpg_scale: bool = False  # multiply A by N / N_valid (GPG)
-    reward_weights: tuple[float, ...] = ()  # one per reward function; () means all 1
-    reward_combine: str = "sum_then_normalize"
+    reward_combine: str = "sum_then_normalize"  # how the RewardConfig.weights-weighted rewards combine
     # policy loss
     loss: str = "ppo_clip"
     eps_low: float = 0.2

@@ -3,8 +3,9 @@
 A reward function is `fn(prompt, completion, example, **kwargs) -> float`, a plain module-level
 function (it is pickled by reference into the worker processes of `scoring.score`). `example` is the
 task's dict ("answer" always; "numbers"/"target" for countdown). Length-based terms receive
-`completion_len` (tokens) from `score` and their limits are bound by `RewardConfig.functions`.
-Adding a reward is one function and one line in `REWARDS`.
+`completion_len` (tokens) from `score` and their limit is bound by `RewardConfig.functions`.
+Adding a reward is one function and one line in `REWARDS`. (DAPO's overlong shaping is part of the
+algorithm: `AlgorithmConfig.overlong_buffer_frac`, applied by the trainer.)
 """
 
 import dataclasses
@@ -51,25 +52,12 @@ def length_penalty(prompt: str, completion: str, example: dict, *, completion_le
     return -completion_len / max_len
 
 
-def overlong_penalty(
-    prompt: str, completion: str, example: dict, *, completion_len: int, max_len: int, buffer: int, kappa: float, **_
-) -> float:
-    """DAPO soft overlong punishment: 0 up to L_max - B, then linear down to -kappa at L_max, -kappa past it."""
-    soft_limit = max_len - buffer
-    if completion_len <= soft_limit:
-        return 0.0
-    if completion_len <= max_len:
-        return (soft_limit - completion_len) / buffer * kappa
-    return -kappa
-
-
 REWARDS: dict[str, RewardFn] = {
     "exact": exact_match,
     "math": math_equal,
     "format": answer_format,
     "countdown": countdown,
     "length": length_penalty,
-    "overlong": overlong_penalty,
 }
 
 
@@ -83,8 +71,6 @@ class RewardConfig:
     weights: tuple[float, ...] = (1.0,)
     timeout_s: float = 5.0
     num_workers: int = 2
-    overlong_buffer: int = 0  # DAPO B, in tokens; needed by "overlong"
-    overlong_kappa: float = 1.0  # DAPO kappa: the penalty at and past the length limit
 
     def __post_init__(self):
         unknown = [n for n in self.names if n not in REWARDS]
@@ -96,17 +82,7 @@ class RewardConfig:
             )
         if self.timeout_s <= 0 or self.num_workers < 1:
             raise ValueError("RewardConfig.timeout_s must be > 0 and RewardConfig.num_workers >= 1")
-        if "overlong" in self.names and self.overlong_buffer <= 0:
-            raise ValueError("RewardConfig.overlong_buffer must be > 0 (DAPO B, in tokens) when 'overlong' is used")
 
     def functions(self, max_len: int) -> tuple[RewardFn, ...]:
         """The reward functions, with the length limit `max_len` (SamplingConfig.max_new_tokens) bound."""
-        if "overlong" in self.names and not 0 < self.overlong_buffer <= max_len:
-            raise ValueError(
-                f"RewardConfig.overlong_buffer={self.overlong_buffer} must be <= the completion limit {max_len}"
-            )
-        bound = {
-            "length": dict(max_len=max_len),
-            "overlong": dict(max_len=max_len, buffer=self.overlong_buffer, kappa=self.overlong_kappa),
-        }
-        return tuple(functools.partial(REWARDS[n], **bound[n]) if n in bound else REWARDS[n] for n in self.names)
+        return tuple(functools.partial(REWARDS[n], max_len=max_len) if n == "length" else REWARDS[n] for n in self.names)
