@@ -96,13 +96,15 @@ def completion_logprobs(
     batch, new = mask.shape
     hidden = models.forward(model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1])
     hidden = hidden[:, -new:].reshape(batch * new, -1)
+    tied = model_cfg.tie_word_embeddings  # the [V, d] table as is: `embed.T` would be copied
     out = kernels.fused_logprobs(
         hidden,
-        models.unembedding(model_cfg, params),
+        params["embed"] if tied else models.unembedding(model_cfg, params),
         tokens[:, -new:].reshape(-1),
         temperature,
         mask=mask.reshape(-1) > 0,
         return_entropy=with_entropy,
+        transposed=tied,
     )
     if with_entropy:
         logp, entropy = out

@@ -173,3 +173,19 @@ def test_schedule_warmup_then_cosine():
     np.testing.assert_allclose([sched(s) for s in (0, 2, 4, 8, 12)], [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
     const = ts.learning_rate(OptimConfig(learning_rate=0.3), total_updates=12)
     np.testing.assert_allclose([const(s) for s in (0, 5, 100)], 0.3)
+
+
+def test_tied_unembedding_is_not_copied(rollouts):
+    """Training log-probs and their gradient use the tied [V, d] table as is: no [d, V] copy (a
+    vocabulary over one 2048-column tile makes the chunked path slice it inside its loops)."""
+    tokens, positions, segments, mask, _ = rollouts
+    cfg = dataclasses.replace(MODEL, vocab_size=2100)
+
+    def loss(p):
+        logp, ent = ts.completion_logprobs(cfg, 0.7, p, tokens, positions, segments, jnp.asarray(mask), True)
+        return logp.sum() + ent.sum()
+
+    params = jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))
+    hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    d, v = cfg.hidden_size, cfg.vocab_size
+    assert f"[{v},{d}]" in hlo and f"[{d},{v}]" not in hlo
