@@ -1,5 +1,7 @@
 """Meshes, the logical-axis rules and sharded forwards on 8 simulated devices."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,10 +130,12 @@ def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-def test_expert_parallel_forward_equals_unsharded(params, reference):
+@pytest.mark.parametrize("moe_impl", ["dense", "ragged"])
+def test_expert_parallel_forward_equals_unsharded(params, reference, moe_impl):
+    cfg = dataclasses.replace(CFG, moe_impl=moe_impl)
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2, expert=2))
-    sharded = sharding.shard_params(params, CFG, mesh)
+    sharded = sharding.shard_params(params, cfg, mesh)
     assert sharded["moe"]["up"].sharding.spec == P(None, "expert", "fsdp", "tensor")
-    tokens, want = reference
-    got = jax.jit(models.logits, static_argnums=0)(CFG, sharded, sharding.global_batch(tokens, mesh))
+    tokens, want = reference  # the dense, unsharded logits
+    got = jax.jit(models.logits, static_argnums=0)(cfg, sharded, sharding.global_batch(tokens, mesh))
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
