@@ -1,13 +1,15 @@
 """Quickstart: a tiny Qwen3-style model learns arithmetic, first supervised (briefly), then with GSPO.
 
-    pip install -e . && python experiments/quickstart.py
+    pip install -e . && python experiments/quickstart.py [--results-dir DIR]
 
 The supervised warm start stops early, as soon as greedy held-out accuracy reaches
 WARM_START_ACCURACY, so that the model knows the answer format but not yet the arithmetic; GSPO
 (experiments/configs/quickstart.py) then trains on the exact-match reward alone. Prints a
-before/after table and writes experiments/results/quickstart/{summary.json, curves.png}.
+before/after table and writes experiments/results/quickstart/{summary.json, curves.png} (or into
+--results-dir); the run itself (metrics.jsonl, TensorBoard events, checkpoints) goes to runs/quickstart.
 """
 
+import argparse
 import json
 import pathlib
 import shutil
@@ -26,7 +28,6 @@ from grpo_jax import data, models, sampling, trainer  # noqa: E402
 from grpo_jax import train_step as ts  # noqa: E402
 from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
 
-RESULTS = HERE / "results" / "quickstart"
 WARM_START_ACCURACY = 0.2  # stop supervised training once greedy held-out accuracy reaches this
 SFT_BATCH, SFT_LR, SFT_EVAL_EVERY, SFT_MAX_STEPS = 64, 3e-3, 25, 2000
 
@@ -73,6 +74,9 @@ def warm_start(cfg, t: trainer.Trainer) -> tuple[object, list[dict]]:
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results" / "quickstart")
+    results = parser.parse_args().results_dir
     start = time.perf_counter()
     cfg = get_config()
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume
@@ -102,9 +106,9 @@ def main():
         "held_out_prompts": cfg.train.eval_prompts,
         "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    shutil.copy(pathlib.Path(cfg.train.out_dir) / "curves.png", RESULTS / "curves.png")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    shutil.copy(pathlib.Path(cfg.train.out_dir) / "curves.png", results / "curves.png")
     print(f"\n{'':28s}{'before (warm start)':>20s}{'after GSPO':>14s}")
     for name, key in (
         ("held-out accuracy (greedy)", "accuracy"), ("held-out accuracy (sampled)", "sampled_accuracy"),
@@ -114,7 +118,7 @@ def main():
     print(f"{'clip fraction (first/last RL step)':28s}{summary['clip_fraction_first_step']:>14.4f}"
           f"{summary['clip_fraction_last_step']:>14.4f}")
     print(f"\nwall time {summary['wall_seconds']:.0f} s (warm start {warm_seconds:.0f} s); "
-          f"wrote {RESULTS / 'summary.json'} and {RESULTS / 'curves.png'}")
+          f"wrote {results / 'summary.json'} and {results / 'curves.png'}")
 
 
 if __name__ == "__main__":

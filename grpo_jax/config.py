@@ -14,7 +14,7 @@ import typing
 from grpo_jax.algorithms.config import AlgorithmConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig
 from grpo_jax.data.templates import PLAIN, PromptTemplate
-from grpo_jax.models.config import ModelConfig  # noqa: F401  (re-export)
+from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.rewards.functions import RewardConfig
 
 
@@ -109,11 +109,30 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """How a `Config.model_path` checkpoint runs (the run fields of ModelConfig; config.json has the
+    rest). fp32 params with bf16 compute is the usual choice: bf16 params would round away updates."""
+
+    dtype: str = "float32"  # parameters (and optimizer state)
+    compute_dtype: str = "float32"  # activations and matmul inputs
+    remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
+    attention: str = "xla"
+    moe_impl: str = "dense"  # dense (every expert on every token) | ragged (grouped by expert)
+
+    def __post_init__(self):
+        check_run_fields(self, "Config.model_options")
+
+    def as_dict(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in RUN_FIELDS}
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run. The policy is `model_path` (a local HF directory) or, if empty, `model` from scratch."""
 
     model: ModelConfig | None = None
     model_path: str = ""
+    model_options: ModelOptions = ModelOptions()  # with model_path; from scratch, set them on `model`
     tokenizer: str = ""  # "char" (grpo_jax.data.CharTokenizer), or an HF dir / sentencepiece file; "": model_path
     mesh: MeshConfig = MeshConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -127,6 +146,11 @@ class Config:
     def __post_init__(self):
         if (self.model is None) == (not self.model_path):
             raise ValueError("set exactly one of Config.model (from scratch) and Config.model_path (HF dir)")
+        if self.model is not None and self.model_options != ModelOptions():
+            raise ValueError(
+                "Config.model_options applies to model_path checkpoints; for a model from scratch set "
+                f"{', '.join(RUN_FIELDS)} on Config.model"
+            )
 
 
 def override(cfg, assignments: list[str]):

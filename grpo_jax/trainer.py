@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
 from grpo_jax import logging as run_logging
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, FileTaskConfig
+from grpo_jax.config import Config, FileTaskConfig, ModelOptions
 
 # Rewards that score correctness: the first of these in the run is its "accuracy".
 CORRECTNESS_REWARDS = ("exact", "math", "countdown")
@@ -88,8 +88,8 @@ class Trainer:
         self.task = build_task(cfg)
         self.source_path = cfg.model_path
         if cfg.model_path:
-            model_cfg, loaded = models.load_hf(cfg.model_path, mesh=self.mesh)
-            cfg = dataclasses.replace(cfg, model=model_cfg, model_path="")
+            model_cfg, loaded = models.load_hf(cfg.model_path, mesh=self.mesh, **cfg.model_options.as_dict())
+            cfg = dataclasses.replace(cfg, model=model_cfg, model_path="", model_options=ModelOptions())
             params = loaded if params is None else params
         elif params is None:
             params = models.init(cfg.model, jax.random.key(cfg.train.seed))

@@ -40,11 +40,20 @@ def test_preset_applies_first_and_explicit_fields_win():
         ("train.steps", "expected key=value"),
         ("algorithm.preset=gspp", "known: "),
         ("algorithm.loss=nope", "AlgorithmConfig.loss='nope' is unknown"),
+        ("model_options.remat=dots", "for a model from scratch set dtype, compute_dtype, remat"),
     ],
 )
 def test_user_errors_name_the_field(assignment, message):
     with pytest.raises(ValueError, match=message):
         override(load_config(QUICKSTART), [assignment])
+
+
+def test_model_options_for_a_checkpoint():
+    gsm8k = ROOT / "experiments" / "configs" / "gsm8k.py"
+    cfg = override(load_config(gsm8k), ["model_options.moe_impl=ragged", "model_options.remat=full"])
+    assert (cfg.model_options.moe_impl, cfg.model_options.remat) == ("ragged", "full")
+    with pytest.raises(ValueError, match="Config.model_options.compute_dtype='fp16' is not understood"):
+        override(cfg, ["model_options.compute_dtype=fp16"])
 
 
 def test_config_file_errors(tmp_path):

@@ -1,4 +1,7 @@
-"""The quickstart meets its targets (minutes of CPU: marked slow) and its committed summary says so."""
+"""The README's main job, run as a fresh user would (one CPU device), meets the learning target.
+
+Minutes of CPU, so marked slow. Its wall time is recorded in summary.json and reported, not asserted.
+"""
 
 import json
 import os
@@ -9,22 +12,16 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[1]
-SUMMARY = ROOT / "experiments" / "results" / "quickstart" / "summary.json"
-
-
-def check(summary: dict) -> None:
-    assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.20, summary
-    assert 0.2 <= summary["accuracy_before"] <= 0.5, summary  # the warm start leaves room for RL
-    assert summary["wall_seconds"] <= 300, summary
-
-
-def test_committed_summary_meets_the_targets():
-    check(json.loads(SUMMARY.read_text()))
-    assert (SUMMARY.parent / "curves.png").stat().st_size > 0
 
 
 @pytest.mark.slow
-def test_quickstart_from_scratch(tmp_path):
+def test_quickstart_gains_twenty_points_of_held_out_accuracy(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as from a clean clone
-    subprocess.run([sys.executable, str(ROOT / "experiments" / "quickstart.py")], cwd=ROOT, env=env, check=True, timeout=900)
-    check(json.loads(SUMMARY.read_text()))
+    script = ROOT / "experiments" / "quickstart.py"
+    subprocess.run([sys.executable, str(script), "--results-dir", str(tmp_path / "results")],
+                   cwd=tmp_path, env=env, check=True, timeout=1200)  # cwd: runs/quickstart lands in tmp_path
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert 0.2 <= summary["accuracy_before"] <= 0.5, summary  # the warm start leaves room for RL
+    assert summary["accuracy_after"] - summary["accuracy_before"] >= 0.20, summary
+    assert (tmp_path / "results" / "curves.png").stat().st_size > 0
+    assert (tmp_path / "runs" / "quickstart" / "metrics.jsonl").exists()

@@ -6,12 +6,14 @@ Point it at a local HF directory and local JSONL / parquet files, e.g.
         --set model_path=checkpoints/Qwen2.5-1.5B-Instruct \
         --set task.path=data/gsm8k/train.jsonl --set task.eval_path=data/gsm8k/test.jsonl
 
-The tokenizer is the checkpoint's; prompts go through its chat template with an R1-style
+Parameters and Adam state stay float32 (bf16 would round away 1e-6 updates); matmuls run in
+bfloat16 with per-layer rematerialization of everything but the weight matmuls. The tokenizer is
+the checkpoint's; prompts go through its chat template with an R1-style
 "\\boxed{}" instruction, and the reward checks the boxed (or last) number against "#### N".
 """
 
 from grpo_jax import algorithms
-from grpo_jax.config import Config, FileTaskConfig, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import Config, FileTaskConfig, MeshConfig, ModelOptions, OptimConfig, SamplingConfig, TrainConfig
 from grpo_jax.data import MATH_COT
 from grpo_jax.rewards import RewardConfig
 
@@ -19,6 +21,7 @@ from grpo_jax.rewards import RewardConfig
 def get_config() -> Config:
     return Config(
         model_path="checkpoints/Qwen2.5-1.5B-Instruct",
+        model_options=ModelOptions(dtype="float32", compute_dtype="bfloat16", remat="dots"),
         mesh=MeshConfig(data=-1),
         task=FileTaskConfig(format="gsm8k", path="data/gsm8k/train.jsonl", eval_path="data/gsm8k/test.jsonl"),
         template=MATH_COT,

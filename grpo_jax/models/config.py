@@ -19,6 +19,18 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
+RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl")  # how, not what, is computed
+
+
+def check_run_fields(options, owner: str) -> None:
+    """Validates the RUN_FIELDS of `options` (a ModelConfig or grpo_jax.config.ModelOptions)."""
+    from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
+
+    known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
+             "moe_impl": tuple(MOE)}
+    for field, choices in known.items():
+        if getattr(options, field) not in choices:
+            raise ValueError(f"{owner}.{field}={getattr(options, field)!r} is not understood; use one of {choices}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,19 +78,7 @@ class ModelConfig:
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
 
     def __post_init__(self):
-        for field in ("dtype", "compute_dtype"):
-            if getattr(self, field) not in DTYPES:
-                raise ValueError(
-                    f"ModelConfig.{field}={getattr(self, field)!r} is not understood; use one of {DTYPES}"
-                )
-        if self.remat not in REMAT:
-            raise ValueError(f"ModelConfig.remat={self.remat!r}; use one of {REMAT}")
-        from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
-
-        if self.attention not in ATTENTION:
-            raise ValueError(f"ModelConfig.attention={self.attention!r}; use one of {sorted(ATTENTION)}")
-        if self.moe_impl not in MOE:
-            raise ValueError(f"ModelConfig.moe_impl={self.moe_impl!r}; use one of {sorted(MOE)}")
+        check_run_fields(self, "ModelConfig")
         if self.model_type not in ARCHITECTURES:
             raise ValueError(
                 f"ModelConfig.model_type={self.model_type!r} is not supported; "
