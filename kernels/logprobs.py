@@ -9,7 +9,8 @@ Implementations (`impl`):
   "naive"   full logits, plain autodiff: the reference, `logprobs_reference`.
   "chunked" jnp scans over token and vocabulary chunks (default on CPU and GPU).
   "pallas"  Pallas kernels (default on TPU; interpreted on CPU, for tests). They accumulate in
-            revisited output blocks, which Triton does not support: no GPU kernel yet.
+            revisited output blocks, which Triton does not support: no GPU kernel yet. On a mesh
+            they run per device on a shard of the tokens, unembed replicated (a shard_map).
 
 Tied embeddings: pass the [V, d] embedding table itself with `transposed=True`; nothing is copied.
 (Passing `embed.T` with transposed=False is also correct, but the chunked path then holds a [d, V]

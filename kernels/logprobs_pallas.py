@@ -6,15 +6,19 @@ Backward: two kernels recompute the logits tiles: one sums d hidden over the voc
 other sums d unembed over the token axis, each into a float32 block that stays resident.
 Token rows are padded to the tile (O(N d)); the vocabulary is not (that would copy unembed):
 columns past V in the last tile are masked, and their unembed entries zeroed before use.
+Under a mesh both run in a shard_map, each device on its share of the tokens (`_over_tokens`).
 
 The revisited-output pattern is TPU/interpreter semantics: Triton runs grid points
 independently, so on GPU `fused_logprobs` defaults to the chunked path (see bench/README.md).
 """
 
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from kernels import _tile
 
@@ -68,6 +72,48 @@ def _pad_rows(nt, tn, *arrays):
 
 def forward(plan, hidden, unembed, targets, mask):
     """(lse, E_p[z], z_target), each [N] float32."""
+    return _over_tokens(functools.partial(_forward, plan), hidden, unembed, targets, mask)
+
+
+def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent):
+    """(d hidden [N, d], d unembed in unembed's layout), float32."""
+    rows = [targets, mask, lse, ez, g_logp] + ([g_ent] if g_ent is not None else [])
+    return _over_tokens(functools.partial(_backward, plan), hidden, unembed, *rows, sum_last=True)
+
+
+def _over_tokens(local, hidden, unembed, *rows, sum_last=False):
+    """`local(hidden, unembed, *rows)` on each device's share of the tokens.
+
+    GSPMD cannot partition a pallas_call: under a mesh it would gather the inputs and run the
+    kernel replicated on every device. So when `hidden` lives on a mesh (under jit with sharded
+    inputs, or `jax.set_mesh`), rows are padded to a multiple of the devices and split over every
+    mesh axis, and unembed is replicated (gathered) inside a shard_map. Every output is per row,
+    except with `sum_last` the last one: a partial d unembed, summed over the devices in float32."""
+    mesh = jax.typeof(hidden).sharding.mesh
+    axes = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+    devices = math.prod(mesh.shape[a] for a in axes)
+    if devices == 1:
+        return local(hidden, unembed, *rows)
+    n = hidden.shape[0]
+    hidden, *rows = _pad_rows(-(-n // devices), devices, hidden, *rows)
+    tokens = P(axes)
+
+    def body(*args):
+        out = local(*args)
+        return (*out[:-1], jax.lax.psum(out[-1], axes)) if sum_last else out
+
+    out_specs = (tokens, P()) if sum_last else (tokens,) * 3
+    outs = jax.shard_map(  # check_vma=False: pallas_call outputs carry no varying-axes types
+        body,
+        mesh=mesh,
+        in_specs=(tokens, P()) + (tokens,) * len(rows),
+        out_specs=out_specs,
+        check_vma=False,
+    )(hidden, unembed, *rows)
+    return tuple(o if spec == P() else o[:n] for o, spec in zip(outs, out_specs))
+
+
+def _forward(plan, hidden, unembed, targets, mask):
     tn, tv, nt, nv, v = _geometry(plan, hidden, unembed)
     d = hidden.shape[1]
     h, t, m = _pad_rows(nt, tn, hidden, targets[:, None].astype(jnp.int32), mask[:, None])
@@ -105,12 +151,10 @@ def forward(plan, hidden, unembed, targets, mask):
     return tuple(done[k, : hidden.shape[0], 0] for k in range(3))
 
 
-def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent):
-    """(d hidden [N, d], d unembed in unembed's layout), float32."""
+def _backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent):
     tn, tv, nt, nv, v = _geometry(plan, hidden, unembed)
     d = hidden.shape[1]
-    per_row = [targets.astype(jnp.int32), mask.astype(jnp.int32), lse, ez, g_logp]
-    per_row += [g_ent] if g_ent is not None else []
+    per_row = [targets.astype(jnp.int32), mask.astype(jnp.int32), lse, ez, g_logp, *g_ent]
     h, *rows = _pad_rows(nt, tn, hidden, *(a[:, None] for a in per_row))
 
     def dlogits(h_ref, w, row_refs, j):

@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from kernels import fused_logprobs, logprobs_reference
 
@@ -110,6 +112,23 @@ def test_tied_embedding_is_not_copied(data):
 
     hlo = jax.jit(jax.grad(loss_copying, (0, 1))).lower(data["hidden"], embed).compile().as_text()
     assert f"[{D},{V}]" in hlo
+
+
+def test_pallas_splits_tokens_over_the_mesh(data, naive):
+    """On a (2,2,2) mesh the kernels run in a shard_map over each device's tokens (GSPMD cannot
+    split a pallas_call): N=37 rows are padded to 40, 5 per device; values and gradients are those
+    of the full logits."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    on_mesh = dict(data, hidden=jax.device_put(data["hidden"], NamedSharding(mesh, P(None, "fsdp"))),
+                   unembed=jax.device_put(data["unembed"], NamedSharding(mesh, P("fsdp"))))
+    tiles = dict(TILES, token_tile=2)  # 3 tiles per device, the last one padded
+    _close(_run(on_mesh, impl="pallas", **tiles), naive[jnp.float32], 1e-5)
+
+    def loss(h, w):
+        return fused_logprobs(h, w, data["targets"], TEMP, impl="pallas", **tiles).sum()
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(on_mesh["hidden"], on_mesh["unembed"]))
+    assert jaxpr.count("shard_map") == 2 and f"f32[5,{D}]" in jaxpr  # forward, backward
 
 
 def test_default_impl_and_plain_call(data):
