@@ -67,7 +67,7 @@ def main():
     parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--v", type=int, default=151_936)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--token-tile", type=int, default=256)
+    parser.add_argument("--token-tile", type=int, default=None, help="default: fused_logprobs'")
     parser.add_argument("--vocab-tile", type=int, default=2048)
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results/logprobs.json"))
     args = parser.parse_args()

@@ -55,7 +55,7 @@ def fused_logprobs(
     return_entropy: bool = False,
     impl: str | None = None,
     transposed: bool = False,
-    token_tile: int = 256,
+    token_tile: int | None = None,
     vocab_tile: int = 2048,
 ) -> Float[Array, "N"] | tuple[Float[Array, "N"], Float[Array, "N"]]:
     """log p(targets) under softmax(hidden @ unembed / temperature), float32 [N]; with
@@ -64,8 +64,11 @@ def fused_logprobs(
     targets are ignored and token tiles with no counted row are skipped. `temperature` is a
     Python float (the sampling config's), static under jit. `transposed=True` means unembed is
     [V, d] (a tied embedding table, passed as is). Tiles are clipped to N and V; neither needs
-    to be a multiple of its tile."""
+    to be a multiple of its tile. `token_tile` None: 2048 for "chunked" (big dots run near peak
+    speed on CPU), 256 for "pallas" (its blocks must fit in TPU VMEM)."""
     impl = impl or ("pallas" if jax.default_backend() == "tpu" else "chunked")
+    if token_tile is None:
+        token_tile = 256 if impl == "pallas" else 2048
     _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile)
     mask = jnp.ones(targets.shape, bool) if mask is None else mask.astype(bool)
     targets = jnp.where(mask, targets, 0)
@@ -167,8 +170,8 @@ def _backward_fn(plan):
 
 
 # ----------------------------------------------------------------------------- chunked jnp path
-# Vocabulary chunks are never padded (that would copy unembed): the last chunk starts at V - tv
-# and its columns already seen by the previous chunk are masked out. Token rows are padded
+# Vocabulary chunks are never padded (that would copy unembed): a scan runs over the V // tv full
+# chunks, then the last V % tv columns are one more, smaller chunk. Token rows are padded
 # (O(N d), cheap) and token chunks whose rows are all masked are skipped.
 
 
@@ -182,19 +185,25 @@ def _unbits(x, dtype):
     return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
 
 
-def _vocab_chunk(plan, unembed_bits, dtype, j, tv):
-    """(w chunk of dtype, its column ids [tv], which of them are new in chunk j [tv])."""
-    v = unembed_bits.shape[0] if plan.transposed else unembed_bits.shape[1]
-    start = jnp.minimum(j * tv, v - tv)
-    w = jax.lax.dynamic_slice_in_dim(unembed_bits, start, tv, axis=0 if plan.transposed else 1)
-    cols = start + jnp.arange(tv)
-    return _unbits(w, dtype), cols, cols >= j * tv
+def _over_vocab(plan, w_bits, tv, step, carry):
+    """carry = step(carry, w chunk as bits, its first column) over every vocabulary chunk."""
+    axis = 0 if plan.transposed else 1
+    v = w_bits.shape[axis]
+
+    def body(c, j):
+        return step(c, jax.lax.dynamic_slice_in_dim(w_bits, j * tv, tv, axis), j * tv), None
+
+    carry, _ = jax.lax.scan(body, carry, jnp.arange(v // tv))
+    if v % tv:
+        rest = v - v % tv
+        carry = step(carry, jax.lax.slice_in_dim(w_bits, rest, v, axis=axis), rest)
+    return carry
 
 
 def _tiles(plan, hidden, unembed):
     n, v = hidden.shape[0], unembed.shape[0 if plan.transposed else 1]
     tn, tv = min(plan.token_tile, n), min(plan.vocab_tile, v)
-    return tn, tv, -(-n // tn), -(-v // tv)
+    return tn, tv, -(-n // tn)
 
 
 def _rows(tn, nt, *arrays):
@@ -207,53 +216,53 @@ def _rows(tn, nt, *arrays):
 
 
 def _chunked_forward(plan, hidden, unembed, targets, mask):
-    tn, tv, nt, nv = _tiles(plan, hidden, unembed)
+    tn, tv, nt = _tiles(plan, hidden, unembed)
     w_bits = _bits(unembed)
 
     def token_chunk(args):
         h, t, m = args
 
         def compute():
-            def vocab_step(stats, j):
-                w, cols, fresh = _vocab_chunk(plan, w_bits, unembed.dtype, j, tv)
-                z = _tile.logits(h, w, plan.inv_temp, plan.transposed)
-                hit = cols[None, :] == t
-                return _tile.update_stats(stats, z, fresh[None, :], hit), None
+            def step(stats, w, start):
+                z = _tile.logits(h, _unbits(w, unembed.dtype), plan.inv_temp, plan.transposed)
+                return _tile.update_stats(stats, z)
 
-            stats, _ = jax.lax.scan(vocab_step, _tile.init_stats(tn), jnp.arange(nv))
-            return _tile.finish_stats(stats)
+            stats = _over_vocab(plan, w_bits, tv, step, _tile.init_stats(tn))
+            w_t = _unbits(jnp.take(w_bits, t, axis=0 if plan.transposed else 1), unembed.dtype)
+            return *_tile.finish_stats(stats), _tile.target_logits(h, w_t, plan.inv_temp, plan.transposed)
 
         return jax.lax.cond(m.any(), compute, lambda: (jnp.zeros((tn, 1), jnp.float32),) * 3)
 
-    outs = jax.lax.map(token_chunk, _rows(tn, nt, hidden, targets[:, None], mask[:, None]))
+    outs = jax.lax.map(token_chunk, _rows(tn, nt, hidden, targets, mask))
     return tuple(o.reshape(-1)[: hidden.shape[0]] for o in outs)
 
 
 def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent):
     """Outer loop over vocabulary chunks (each gradient chunk of unembed is summed over all
-    tokens in float32 and written once), inner loop over token chunks."""
-    tn, tv, nt, nv = _tiles(plan, hidden, unembed)
+    tokens in float32 and written once), inner loop over token chunks. d unembed is formed as
+    [d, tv] = h^T @ dz from hidden chunks transposed once up front (O(N d)): XLA:CPU runs a dot
+    that contracts its operands' leading axes (h^T @ dz from h) about 20% slower."""
+    tn, tv, nt = _tiles(plan, hidden, unembed)
     per_row = [targets, mask, lse, ez, g_logp] + ([g_ent] if g_ent is not None else [])
     rows = _rows(tn, nt, hidden, *(a[:, None] for a in per_row))
+    rows.insert(1, jnp.swapaxes(rows[0], 1, 2))  # [nt, d, tn]
     vaxis = 0 if plan.transposed else 1
-    w_bits = _bits(unembed)
 
-    def vocab_step(carry, j):
-        dh, dw = carry  # dw: raw bits of d unembed, like w_bits
-        w, cols, fresh = _vocab_chunk(plan, w_bits, unembed.dtype, j, tv)
+    def vocab_step(carry, w, start):
+        dh, dw = carry  # dw: raw bits of d unembed, like unembed's
+        w = _unbits(w, unembed.dtype)
+        size = w.shape[vaxis]
+        cols = start + jnp.arange(size)
 
         def token_step(dw_chunk, row):
-            h, t, m, lse_c, ez_c, gl, *ge = row
+            h, h_t, t, m, lse_c, ez_c, gl, *ge = row
 
             def compute():
                 z = _tile.logits(h, w, plan.inv_temp, plan.transposed)
-                hit = cols[None, :] == t
-                dz = _tile.dlogits(
-                    z, lse_c, ez_c, gl, ge[0] if ge else None, fresh[None, :], hit, plan.inv_temp
-                )
-                return _tile.grad_hidden(dz, w, plan.transposed), _tile.grad_unembed(
-                    h, dz, plan.transposed
-                )
+                g_ent = ge[0] if ge else None
+                dz = _tile.dlogits(z, lse_c, ez_c, gl, g_ent, None, cols == t, plan.inv_temp)
+                dw_rows = jnp.dot(h_t, dz.astype(h.dtype), preferred_element_type=jnp.float32)
+                return _tile.grad_hidden(dz, w, plan.transposed), dw_rows
 
             def skip():
                 return jnp.zeros(h.shape, jnp.float32), jnp.zeros(dw_chunk.shape, jnp.float32)
@@ -261,13 +270,12 @@ def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_e
             dh_rows, dw_rows = jax.lax.cond(m.any(), compute, skip)
             return dw_chunk + dw_rows, dh_rows
 
-        dw_chunk, dh_parts = jax.lax.scan(token_step, jnp.zeros(w.shape, jnp.float32), rows)
-        start = jnp.minimum(j * tv, unembed.shape[vaxis] - tv)
-        old = jax.lax.dynamic_slice_in_dim(dw, start, tv, axis=vaxis)  # keeps the overlap
-        new = jnp.where(jnp.expand_dims(fresh, 1 - vaxis), _bits(dw_chunk.astype(w.dtype)), old)
-        dw = jax.lax.dynamic_update_slice_in_dim(dw, new, start, axis=vaxis)
-        return (dh + dh_parts, dw), None
+        dw_chunk, dh_parts = jax.lax.scan(
+            token_step, jnp.zeros((hidden.shape[1], size), jnp.float32), rows
+        )
+        dw_chunk = _bits((dw_chunk.T if plan.transposed else dw_chunk).astype(unembed.dtype))
+        return dh + dh_parts, jax.lax.dynamic_update_slice_in_dim(dw, dw_chunk, start, vaxis)
 
     init = (jnp.zeros((nt, tn, hidden.shape[1]), jnp.float32), _bits(jnp.zeros_like(unembed)))
-    (dh, dw), _ = jax.lax.scan(vocab_step, init, jnp.arange(nv))
+    dh, dw = _over_vocab(plan, _bits(unembed), tv, vocab_step, init)
     return dh.reshape(nt * tn, -1)[: hidden.shape[0]], _unbits(dw, unembed.dtype)

@@ -1,6 +1,6 @@
 """Pallas kernels for `fused_logprobs` (Mosaic TPU layout; interpreted on CPU for tests).
 
-Forward: grid (token tiles, vocab tiles); the four online stats of a token tile stay resident in
+Forward: grid (token tiles, vocab tiles); the three online stats of a token tile stay resident in
 its output block while the vocab axis (innermost, "arbitrary") streams tiles of unembed.
 Backward: two kernels recompute the logits tiles: one sums d hidden over the vocab axis, the
 other sums d unembed over the token axis, each into a float32 block that stays resident.
@@ -116,10 +116,9 @@ def _over_tokens(local, hidden, unembed, *rows, sum_last=False):
 def _forward(plan, hidden, unembed, targets, mask):
     tn, tv, nt, nv, v = _geometry(plan, hidden, unembed)
     d = hidden.shape[1]
-    h, t, m = _pad_rows(nt, tn, hidden, targets[:, None].astype(jnp.int32), mask[:, None])
-    m = m.astype(jnp.int32)
+    h, m = _pad_rows(nt, tn, hidden, mask[:, None].astype(jnp.int32))
 
-    def kernel(h_ref, w_ref, t_ref, m_ref, *stat_refs):
+    def kernel(h_ref, w_ref, m_ref, *stat_refs):
         j = pl.program_id(1)
 
         @pl.when(j == 0)
@@ -130,9 +129,8 @@ def _forward(plan, hidden, unembed, targets, mask):
         @pl.when(jnp.any(m_ref[...] != 0))
         def _():
             z = _tile.logits(h_ref[...], w_ref[...], plan.inv_temp, plan.transposed)
-            cols, valid = _columns(j, tn, tv, v)
             stats = tuple(ref[...] for ref in stat_refs)
-            new = _tile.update_stats(stats, z, valid, cols == t_ref[...])
+            new = _tile.update_stats(stats, z, _columns(j, tn, tv, v)[1])
             for ref, value in zip(stat_refs, new):
                 ref[...] = value
 
@@ -141,14 +139,15 @@ def _forward(plan, hidden, unembed, targets, mask):
         kernel,
         grid=(nt, nv),
         in_specs=[pl.BlockSpec((tn, d), lambda i, j: (i, 0)), _w_spec(plan, d, tv, lambda i, j: j)]
-        + [row, row],
-        out_specs=[row] * 4,
-        out_shape=[jax.ShapeDtypeStruct((nt * tn, 1), jnp.float32)] * 4,
+        + [row],
+        out_specs=[row] * 3,
+        out_shape=[jax.ShapeDtypeStruct((nt * tn, 1), jnp.float32)] * 3,
         semantics=("parallel", "arbitrary"),
-    )(h, unembed, t, m)
+    )(h, unembed, m)
     # Fully masked tiles keep their initial stats (m = NEG, s = 0): make them finite zeros.
-    done = jnp.where(m != 0, jnp.stack(_tile.finish_stats(stats)), 0.0)
-    return tuple(done[k, : hidden.shape[0], 0] for k in range(3))
+    lse, ez = (jnp.where(m != 0, x, 0.0)[: hidden.shape[0], 0] for x in _tile.finish_stats(stats))
+    w_t = jnp.take(unembed, targets, axis=0 if plan.transposed else 1)
+    return lse, ez, _tile.target_logits(hidden, w_t, plan.inv_temp, plan.transposed)[:, 0]
 
 
 def _backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent):
