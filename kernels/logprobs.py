@@ -229,7 +229,8 @@ def _chunked_forward(plan, hidden, unembed, targets, mask):
 
             stats = _over_vocab(plan, w_bits, tv, step, _tile.init_stats(tn))
             w_t = _unbits(jnp.take(w_bits, t, axis=0 if plan.transposed else 1), unembed.dtype)
-            return *_tile.finish_stats(stats), _tile.target_logits(h, w_t, plan.inv_temp, plan.transposed)
+            z_t = _tile.target_logits(h, w_t, plan.inv_temp, plan.transposed)
+            return *_tile.finish_stats(stats), z_t
 
         return jax.lax.cond(m.any(), compute, lambda: (jnp.zeros((tn, 1), jnp.float32),) * 3)
 

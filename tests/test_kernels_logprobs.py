@@ -119,8 +119,9 @@ def test_pallas_splits_tokens_over_the_mesh(data, naive):
     split a pallas_call): N=37 rows are padded to 40, 5 per device; values and gradients are those
     of the full logits."""
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
-    on_mesh = dict(data, hidden=jax.device_put(data["hidden"], NamedSharding(mesh, P(None, "fsdp"))),
-                   unembed=jax.device_put(data["unembed"], NamedSharding(mesh, P("fsdp"))))
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
+    on_mesh = dict(data, hidden=put(data["hidden"], P(None, "fsdp")),
+                   unembed=put(data["unembed"], P("fsdp")))
     tiles = dict(TILES, token_tile=2)  # 3 tiles per device, the last one padded
     _close(_run(on_mesh, impl="pallas", **tiles), naive[jnp.float32], 1e-5)
 
