@@ -118,6 +118,7 @@ class ModelOptions:
     remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
     attention: str = "xla"
     moe_impl: str = "dense"  # dense (every expert on every token) | ragged (grouped by expert)
+    logprobs_impl: str = "auto"  # auto (pallas on TPU, else chunked) | naive (full logits) | chunked | pallas
 
     def __post_init__(self):
         check_run_fields(self, "Config.model_options")

@@ -104,6 +104,7 @@ def completion_logprobs(
         temperature,
         mask=mask.reshape(-1) > 0,
         return_entropy=with_entropy,
+        impl=None if model_cfg.logprobs_impl == "auto" else model_cfg.logprobs_impl,
         transposed=tied,
     )
     if with_entropy:

@@ -189,3 +189,14 @@ def test_tied_unembedding_is_not_copied(rollouts):
     hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
     d, v = cfg.hidden_size, cfg.vocab_size
     assert f"[{v},{d}]" in hlo and f"[{d},{v}]" not in hlo
+
+
+@pytest.mark.parametrize("impl, full_logits", [("naive", True), ("chunked", False)])
+def test_logprobs_impl_switch_reaches_the_kernel(rollouts, impl, full_logits):
+    """ModelConfig.logprobs_impl picks the training log-prob path: only "naive" holds [rows, V] logits."""
+    tokens, positions, segments, mask, _ = rollouts
+    cfg = dataclasses.replace(MODEL, vocab_size=2100, logprobs_impl=impl)
+    logprobs = lambda p: ts.completion_logprobs(cfg, 1.0, p, tokens, positions, segments, jnp.asarray(mask))[0]  # noqa: E731
+    params = jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))
+    hlo = jax.jit(logprobs).lower(params).compile().as_text()
+    assert (f"{mask.size},{cfg.vocab_size}]" in hlo) == full_logits

@@ -19,15 +19,16 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl")  # how, not what, is computed
+RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl")  # how, not what
 
 
 def check_run_fields(options, owner: str) -> None:
     """Validates the RUN_FIELDS of `options` (a ModelConfig or grpo_jax.config.ModelOptions)."""
+    import kernels
     from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
     known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
-             "moe_impl": tuple(MOE)}
+             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS)}
     for field, choices in known.items():
         if getattr(options, field) not in choices:
             raise ValueError(f"{owner}.{field}={getattr(options, field)!r} is not understood; use one of {choices}")
@@ -76,6 +77,7 @@ class ModelConfig:
     remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
+    logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")
