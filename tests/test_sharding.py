@@ -89,7 +89,7 @@ def test_optimizer_state_follows_param_shardings(params):
 def test_cache_shardings_and_sharded_extend(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
     s = sharding.cache_shardings(CFG, mesh, batch=4, max_len=8)
-    assert s["k"].spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert s["k"].spec == s["v"].spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
     cache = jax.device_put(models.init_cache(CFG, 4, 8), s)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size

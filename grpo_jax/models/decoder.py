@@ -72,11 +72,12 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """The KV cache pytree as ParamSpecs (same role as `param_specs`)."""
-    kv = ParamSpec(
-        (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim),
-        ("layers", "batch", "seq", "kv_heads", None),
-    )
-    return {"k": kv, "v": kv, "segment_ids": ParamSpec((batch, max_len), ("batch", "seq"))}
+    shape, axes = (cfg.num_layers, batch, cfg.num_kv_heads), ("layers", "batch", "kv_heads")
+    return {
+        "k": ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq")),
+        "v": ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None)),
+        "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
+    }
 
 
 def is_spec(x) -> bool:
@@ -106,7 +107,8 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache: k, v [layers, batch, max_len, kv_heads, head_dim] in the compute dtype and
+    """An empty cache: k [layers, batch, kv_heads, head_dim, max_len], v [layers, batch, kv_heads,
+    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype, and
     segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
     specs = cache_specs(cfg, batch, max_len)
     return {
@@ -127,21 +129,31 @@ def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, 
 
 # ----------------------------------------------------------------------------- attention kernels
 def _xla_attention(q, k, v, mask):
-    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+    """Grouped-query softmax attention in the operands' dtype with float32 logits and softmax.
+
+    Keys come as [B, K, H, S] and values as [B, K, S, H], the cache layout: per (row, kv head) both
+    products are plain [G*T, H] @ [H, S] and [G*T, S] @ [S, H] matmuls on the cache as it lies. The
+    keys' transposed layout matters for decoding (T = 1): XLA:CPU's batched matmul is ~2x faster with
+    the contracted axis leading, and [B, S, K, H] would need the whole cache transposed each step."""
+    b, t, n, hd = q.shape
+    kv, g = k.shape[1], n // k.shape[1]
+    qg = q.reshape(b, t, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, hd)
+    logits = jnp.einsum("bkqh,bkhs->bkqs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    logits = jnp.where(jnp.tile(mask, (1, 1, g, 1)), logits, jnp.finfo(jnp.float32).min)
+    out = jnp.einsum("bkqs,bksh->bkqh", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v)
+    return out.reshape(b, kv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, n, hd).astype(q.dtype)
 
 
 def _reference_attention(q, k, v, mask):
-    """Plain float32 softmax attention with grouped heads; the yardstick for kernels."""
-    b, t, n, hd = q.shape
-    g = n // k.shape[2]
-    qg = q.reshape(b, t, k.shape[2], g, hd).astype(jnp.float32)
-    logits = jnp.einsum("btkgh,bskh->bkgts", qg, k.astype(jnp.float32)) / math.sqrt(hd)
-    logits = jnp.where(mask[:, :, None], logits, jnp.finfo(jnp.float32).min)
-    out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(logits, axis=-1), v.astype(jnp.float32))
-    return out.reshape(b, t, n, hd).astype(q.dtype)
+    """Plain float32 softmax attention, kv heads repeated up to the query heads; the yardstick for kernels."""
+    g = q.shape[2] // k.shape[1]
+    k, v = (jnp.repeat(a.astype(jnp.float32), g, axis=1) for a in (k, v))  # [B, N, H, S], [B, N, S, H]
+    logits = jnp.einsum("btnh,bnhs->bnts", q.astype(jnp.float32), k) / math.sqrt(q.shape[-1])
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    return jnp.einsum("bnts,bnsh->btnh", jax.nn.softmax(logits, axis=-1), v).astype(q.dtype)
 
 
-# (q [B,T,N,H], k [B,S,K,H], v [B,S,K,H], mask [B,1,T,S] bool) -> [B,T,N,H]; add a kernel here.
+# (q [B,T,N,H], k [B,K,H,S], v [B,K,S,H], mask [B,1,T,S] bool) -> [B,T,N,H]; add a kernel here.
 ATTENTION: dict[str, Callable] = {"xla": _xla_attention, "reference": _reference_attention}
 
 
@@ -192,11 +204,12 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     inv_freq = _inv_freq(cfg)
     q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
     q_slot = index + jnp.arange(x.shape[1])
+    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
     if kv is not None:
-        at = (layer, 0, index, 0, 0)
-        kv = tuple(jax.lax.dynamic_update_slice(c, n.astype(c.dtype)[None], at) for c, n in zip(kv, (k, v)))
-        k, v = kv[0][layer], kv[1][layer]
-    k_slot = jnp.arange(k.shape[1])
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype)[None], (layer, 0, 0, 0, index))
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype)[None], (layer, 0, 0, index, 0))
+        kv, k, v = (k, v), k[layer], v[layer]
+    k_slot = jnp.arange(v.shape[2])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
         & (k_segment_ids[:, None, :] != 0)
