@@ -49,7 +49,7 @@ def rl_step(
     alg, g = cfg.algorithm, cfg.sampling.group_size
     rows = prompts.tokens.shape[0] * g
     k = cfg.train.minibatches
-    rollout = sampling._rollout(cfg.model, cfg.sampling, stop_ids, mesh, state.params, prompts, rng)
+    rollout = sampling.rollout(cfg.model, cfg.sampling, stop_ids, mesh, state.params, prompts, rng)
     rewards = exact_match_reward(rollout.tokens, rollout.mask, jnp.repeat(answers, g, axis=0))
     mask = rollout.mask.astype(jnp.float32)
     if alg.mask_truncated:
@@ -93,7 +93,7 @@ def jit_rl_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, stat
     compiled = {}
 
     def step(state, prompts, answers, rng):
-        stop_ids = sampling._check(cfg.model, prompts, cfg.sampling)
+        stop_ids = sampling.check_prompts(cfg.model, prompts, cfg.sampling)
         if stop_ids not in compiled:
             compiled[stop_ids] = jax.jit(
                 functools.partial(rl_step, cfg, optimizer, mesh, stop_ids),

@@ -18,7 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 from grpo_jax import models, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
 
-Cache = dict[str, Array]  # models.init_cache: k, v [layers, batch, slot, kv_heads, head_dim], segment_ids
+Cache = dict[str, Array]  # models.init_cache: k [layers, batch, kv_heads, head_dim, slot], v, segment_ids
 
 
 @jax.tree_util.register_dataclass
@@ -196,12 +196,16 @@ def generate(
     (configs, mesh, number of prompts). The cache is allocated inside the program, so XLA updates it
     in place across decode steps; params are only read (the trainer keeps them, so no donation).
     """
-    stop_ids = _check(cfg, prompts, sampling_cfg)
-    return _rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
+    stop_ids = check_prompts(cfg, prompts, sampling_cfg)
+    return rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
 
 
-def _check(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
-    """Host-side errors before compiling; returns the stop ids."""
+def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
+    """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids.
+
+    `generate` = `check_prompts` + `rollout`; a caller that jits more than sampling (the fused RL step)
+    runs this on the host and passes the stop ids, which are static, to `rollout`.
+    """
     width = prompts.tokens.shape[1]
     if width != sampling_cfg.max_prompt_len:
         raise ValueError(
@@ -260,7 +264,11 @@ def _logits(cfg, params, hidden):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng):
+def rollout(
+    cfg: ModelConfig, sampling_cfg: SamplingConfig, stop_ids: tuple[int, ...], mesh: Mesh | None,
+    params, prompts: Prompts, rng: Key[Array, ""],
+) -> Rollout:
+    """The jitted body of `generate`, callable inside another jit; `stop_ids` from `check_prompts`."""
     width, group = prompts.tokens.shape[1], sampling_cfg.group_size
     cache_len = width + sampling_cfg.max_new_tokens - 1
     logits, cache = prefill(cfg, params, prompts, group, cache_len)

@@ -82,9 +82,9 @@ def test_same_seed_same_samples_whatever_the_batch_composition(model):
     rows = 2 * SCFG.group_size
     np.testing.assert_array_equal(first.tokens, both.tokens[:rows])
     np.testing.assert_allclose(first.logprobs, both.logprobs[:rows], atol=1e-6)
-    compiled = sampling._rollout._cache_size()
+    compiled = sampling.rollout._cache_size()
     other = generate(cfg, params, pad_prompts(PROMPTS[:2], SCFG), jax.random.key(4), SCFG)
-    assert sampling._rollout._cache_size() == compiled  # a new seed, same shapes: no recompilation
+    assert sampling.rollout._cache_size() == compiled  # a new seed, same shapes: no recompilation
     assert (np.asarray(other.tokens) != np.asarray(first.tokens)).any()
     samples = np.asarray(both.tokens).reshape(len(PROMPTS), SCFG.group_size, -1)
     assert (samples[:, 0] != samples[:, 1]).any()  # the G samples of a prompt differ
