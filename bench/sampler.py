@@ -10,6 +10,7 @@ a fixed number of distinct prompts.
 """
 
 import json
+import os
 import pathlib
 import tempfile
 import time
@@ -84,7 +85,7 @@ def main():
         cfg, params = models.load_hf(tmp)
     results = dict(model=dict(MODEL, parameters=n_params), prompt_len=f"{PROMPT_LEN // 2}..{PROMPT_LEN}",
                    new_tokens=NEW, devices=str(jax.devices()[0].platform), torch_threads=torch.get_num_threads(),
-                   throughput=[], prefill_vs_group=[])
+                   load_average_start=os.getloadavg(), throughput=[], prefill_vs_group=[])
     for batch in BATCHES:
         prompts = prompt_lists(batch)
         t = best_times({("grpo_jax", 1): ours(cfg, params, prompts, 1), ("grpo_jax", NEW): ours(cfg, params, prompts, NEW),
@@ -114,6 +115,8 @@ def main():
     print(f"{'G':>3}{'rows':>6}{'shared prefill s':>18}{'prefill per row s':>19}")
     for r in results["prefill_vs_group"]:
         print(f"{r['group']:>3}{r['rows']:>6}{r['shared_prefill_s']:>18.3f}{r['prefill_per_row_s']:>19.3f}")
+    results["load_average_end"] = os.getloadavg()  # (1, 5, 15 min): the cores are shared
+    print(f"load average {results['load_average_start']} -> {results['load_average_end']}")
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT}")
