@@ -189,9 +189,10 @@ def test_cache_repeats_along_batch_for_groups(hf_dirs):
     np.testing.assert_allclose(h[:, 0], full[:, -1], atol=1e-5)
 
 
-def test_attention_kernels_agree(hf_dirs):
+@pytest.mark.parametrize("attention", sorted(set(models.ATTENTION) - {"reference"}))
+def test_attention_kernels_agree(hf_dirs, attention):
     _, path = hf_dirs[("qwen3", False)]
-    cfg, params = models.load_hf(path)
+    cfg, params = models.load_hf(path, attention=attention)
     ref_cfg, _ = models.load_hf(path, attention="reference")
     tokens, seg, pos = left_padded([6, 3], 6)
     np.testing.assert_allclose(

@@ -144,6 +144,13 @@ def _xla_attention(q, k, v, mask):
     return out.reshape(b, kv, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, n, hd).astype(q.dtype)
 
 
+def _dot_product_attention(q, k, v, mask):
+    """`jax.nn.dot_product_attention` on [B, S, K, H] keys and values: the library's path (and the
+    one to adapt for cuDNN flash attention on GPU). Decoding pays a transpose of the cache per
+    layer and step, so "xla" stays the default."""
+    return jax.nn.dot_product_attention(q, k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3), mask=mask)
+
+
 def _reference_attention(q, k, v, mask):
     """Plain float32 softmax attention, kv heads repeated up to the query heads; the yardstick for kernels."""
     g = q.shape[2] // k.shape[1]
@@ -154,7 +161,9 @@ def _reference_attention(q, k, v, mask):
 
 
 # (q [B,T,N,H], k [B,K,H,S], v [B,K,S,H], mask [B,1,T,S] bool) -> [B,T,N,H]; add a kernel here.
-ATTENTION: dict[str, Callable] = {"xla": _xla_attention, "reference": _reference_attention}
+ATTENTION: dict[str, Callable] = {
+    "xla": _xla_attention, "dot_product": _dot_product_attention, "reference": _reference_attention,
+}
 
 
 # ----------------------------------------------------------------------------- building blocks
