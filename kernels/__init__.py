@@ -6,8 +6,9 @@ name; `GRPO_JAX_KERNELS` marks it so that a test (and a user) can tell which one
 
 from kernels.logprobs import IMPLS as LOGPROBS_IMPLS
 from kernels.logprobs import fused_logprobs, logprobs_reference
+from kernels.ratio_clip import IMPLS as RATIO_CLIP_IMPLS
 from kernels.ratio_clip import ratio_clip
 
 GRPO_JAX_KERNELS = True
 
-__all__ = ["GRPO_JAX_KERNELS", "LOGPROBS_IMPLS", "fused_logprobs", "logprobs_reference", "ratio_clip"]
+__all__ = ["GRPO_JAX_KERNELS", "LOGPROBS_IMPLS", "fused_logprobs", "logprobs_reference", "RATIO_CLIP_IMPLS", "ratio_clip"]

@@ -13,14 +13,13 @@ independently, so on GPU `fused_logprobs` defaults to the chunked path (see benc
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from kernels import _tile
+from kernels import _mesh, _tile
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, semantics):
@@ -82,16 +81,11 @@ def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_ent):
 
 
 def _over_tokens(local, hidden, unembed, *rows, sum_last=False):
-    """`local(hidden, unembed, *rows)` on each device's share of the tokens.
-
-    GSPMD cannot partition a pallas_call: under a mesh it would gather the inputs and run the
-    kernel replicated on every device. So when `hidden` lives on a mesh (under jit with sharded
-    inputs, or `jax.set_mesh`), rows are padded to a multiple of the devices and split over every
-    mesh axis, and unembed is replicated (gathered) inside a shard_map. Every output is per row,
-    except with `sum_last` the last one: a partial d unembed, summed over the devices in float32."""
-    mesh = jax.typeof(hidden).sharding.mesh
-    axes = tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
-    devices = math.prod(mesh.shape[a] for a in axes)
+    """`local(hidden, unembed, *rows)` on each device's share of the tokens (see `_mesh`): rows are
+    padded to a multiple of the devices and split over every mesh axis, and unembed is replicated
+    (gathered) inside the shard_map. Every output is per row, except with `sum_last` the last
+    one: a partial d unembed, summed over the devices in float32."""
+    mesh, axes, devices = _mesh.row_axes(hidden)
     if devices == 1:
         return local(hidden, unembed, *rows)
     n = hidden.shape[0]

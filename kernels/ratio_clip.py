@@ -8,7 +8,8 @@ intermediates are stored for the backward pass. Ties between the two branches (e
 the clip range) split the gradient half/half, as jnp.maximum's does: both halves are equal there.
 
 Implementations: "jnp" (the math below under the custom VJP; default off TPU) and "pallas"
-(one elementwise kernel per direction over [rows, 128] blocks; default on TPU, interpreted on CPU).
+(one elementwise kernel per direction over [rows, 128] blocks, split over the devices under a
+mesh; default on TPU, interpreted on CPU).
 """
 
 import functools
@@ -16,7 +17,10 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
+
+from kernels import _mesh
 
 IMPLS = ("jnp", "pallas")
 LANES = 128
@@ -106,15 +110,19 @@ _ratio_clip.defvjp(_ratio_clip_fwd, _ratio_clip_bwd)
 
 
 def _elementwise(impl, block_rows, fn, *arrays):
-    """fn over same-shaped arrays, either directly or as a Pallas kernel on [rows, 128] blocks."""
+    """fn over same-shaped arrays, either directly or as a Pallas kernel on [rows, 128] blocks
+    (under a mesh, each device on its share of the rows: see `kernels._mesh`)."""
     if impl == "jnp":
         return fn(*arrays)
+    mesh, axes, devices = _mesh.row_axes(arrays[0])
     shape, size = arrays[0].shape, arrays[0].size
-    rows = max(-(-size // LANES), 1)
-    br = min(block_rows, rows)
-    rows = -(-rows // br) * br
-    blocks = [jnp.pad(x.reshape(-1), (0, rows * LANES - size)).reshape(rows, LANES) for x in arrays]
-    outs = jax.eval_shape(fn, *blocks)
+    local_rows = max(-(-size // (LANES * devices)), 1)
+    br = min(block_rows, local_rows)
+    local_rows = -(-local_rows // br) * br
+    padded = local_rows * devices * LANES
+    blocks = [jnp.pad(x.reshape(-1), (0, padded - size)).reshape(-1, LANES) for x in arrays]
+    local_shape = jax.ShapeDtypeStruct((local_rows, LANES), jnp.float32)
+    outs = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in jax.eval_shape(fn, *[local_shape] * len(arrays))]
 
     def kernel(*refs):
         results = fn(*(ref[...] for ref in refs[: len(arrays)]))
@@ -122,12 +130,16 @@ def _elementwise(impl, block_rows, fn, *arrays):
             ref[...] = value
 
     spec = pl.BlockSpec((br, LANES), lambda i: (i, 0))
-    results = pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
-        grid=(rows // br,),
+        grid=(local_rows // br,),
         in_specs=[spec] * len(arrays),
         out_specs=[spec] * len(outs),
         out_shape=outs,
         interpret=jax.default_backend() == "cpu",
-    )(*blocks)
-    return tuple(r.reshape(-1)[:size].reshape(shape) for r in results)
+    )
+    if devices > 1:  # check_vma=False: pallas_call outputs carry no varying-axes types
+        rows = (P(axes),)
+        call = jax.shard_map(call, mesh=mesh, in_specs=rows * len(arrays), out_specs=rows * len(outs),
+                             check_vma=False)
+    return tuple(r.reshape(-1)[:size].reshape(shape) for r in call(*blocks))

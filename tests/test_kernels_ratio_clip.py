@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from grpo_jax.algorithms import losses
 from grpo_jax.algorithms.config import AlgorithmConfig
@@ -50,30 +52,52 @@ def test_matches_clipped_surrogate(units, impl, clip):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_pallas_splits_units_over_the_mesh(units):
+    """On a (2,2,2) mesh the Pallas kernels run in a shard_map, one [1, 128] block per device (270
+    units padded to 8 x 128), rather than gathered and replicated; values and gradients unchanged."""
+    x, a, g = units
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    put = lambda v: jax.device_put(v, NamedSharding(mesh, P("data")))  # noqa: E731
+
+    def f(x, a):
+        u, low, high = ratio_clip(x, a, **CLIPS[2], impl="pallas")
+        return jnp.sum(u * g), (low, high)
+
+    step = jax.jit(jax.value_and_grad(f, (0, 1), has_aux=True))
+    got, want = step(put(x), put(a)), step(x, a)
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-6)
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda x, a: f(x, a)[0], (0, 1)))(put(x), put(a)))
+    assert jaxpr.count("shard_map") == 2 and "f32[1,128]" in jaxpr  # forward, backward
+
+
+@pytest.mark.parametrize("impl", ["jnp", "pallas"])
 @pytest.mark.parametrize("preset", ["grpo", "gspo", "gspo_token"])
-def test_drop_in_for_policy_loss(monkeypatch, preset):
-    """Swapping the kernel into grpo_jax.algorithms gives the same loss, metrics and gradient."""
+def test_policy_loss_through_the_kernel(preset, impl):
+    """AlgorithmConfig.ratio_impl puts the kernel into grpo_jax.algorithms: the same loss, metrics
+    and gradient as the jnp reference."""
     k = jax.random.split(jax.random.key(4), 4)
     logp = -jax.random.uniform(k[0], (4, 9)) * 3
     old = logp + jax.random.normal(k[1], (4, 9)) * (0.3 if preset == "grpo" else 3e-3)
     mask = (jnp.arange(9)[None, :] < jnp.array([9, 5, 1, 7])[:, None]).astype(jnp.float32)
     adv = jax.random.normal(k[2], (4,))
-    cfg = AlgorithmConfig.from_preset(preset, beta=0.0,
-                                      **({"clip_c": 3.0} if preset == "grpo" else {}))
-    norm = losses.normalizer(cfg, mask, 9)
 
-    def run():
-        f = lambda lp: losses.policy_loss(cfg, lp, old, adv, mask, normalizer=norm)
+    def run(ratio_impl):
+        cfg = AlgorithmConfig.from_preset(preset, beta=0.0, ratio_impl=ratio_impl,
+                                          **({"clip_c": 3.0} if preset == "grpo" else {}))
+        norm = losses.normalizer(cfg, mask, 9)
+        f = lambda lp: losses.policy_loss(cfg, lp, old, adv, mask, normalizer=norm)  # noqa: E731
         return jax.value_and_grad(f, has_aux=True)(logp)
 
-    (want, want_metrics), want_grad = run()
-    monkeypatch.setattr(losses, "clipped_surrogate", functools.partial(ratio_clip, impl="pallas"))
-    (got, got_metrics), got_grad = run()
+    (want, want_metrics), want_grad = run("reference")
+    (got, got_metrics), got_grad = run(impl)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7)
     for name in ("clip_frac_low", "clip_frac_high"):
         np.testing.assert_array_equal(got_metrics[name], want_metrics[name])
     assert want_metrics["clip_frac_low"][0] + want_metrics["clip_frac_high"][0] > 0
+    with pytest.raises(ValueError, match="ratio_impl='triton' is unknown; known: 'auto', 'reference'"):
+        AlgorithmConfig.from_preset(preset, ratio_impl="triton")
 
 
 def test_user_errors(units):

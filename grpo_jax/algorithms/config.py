@@ -6,6 +6,7 @@ A preset is only a named set of field values: `AlgorithmConfig.from_preset("gspo
 
 import dataclasses
 
+import kernels
 from grpo_jax.algorithms.advantages import ADVANTAGES
 from grpo_jax.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES, SEQUENCE_LOSSES
 
@@ -13,6 +14,7 @@ REWARD_COMBINES = ("sum_then_normalize", "normalize_then_sum")
 TIS_LEVELS = (None, "token", "sequence")
 UNCORRECTED_LOSSES = ("reinforce",)  # exactly on-policy: valid only for the first pass over a batch
 SURROGATE_LOSSES = ("ppo_clip", "gspo", "gspo_token")  # the users of clipped_surrogate (delta, clip_c)
+RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
 
 
 def _one_of(field, value, known):
@@ -43,6 +45,9 @@ class AlgorithmConfig:
     tau_neg: float = 1.05
     eps_max: float = 5.0
     aggregation: str = "seq_mean_token_mean"
+    # how the surrogate of SURROGATE_LOSSES runs: auto (kernels.ratio_clip's default: pallas on TPU,
+    # else jnp), reference (algorithms.ratio, plain autodiff), or a kernels.ratio_clip impl
+    ratio_impl: str = "auto"
     # regularizers
     beta: float = 0.04  # KL coefficient; 0: no reference model is kept or run
     kl_estimator: str = "k3"
@@ -63,6 +68,7 @@ class AlgorithmConfig:
         _one_of("reward_combine", self.reward_combine, REWARD_COMBINES)
         _one_of("loss", self.loss, tuple(LOSSES))
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
+        _one_of("ratio_impl", self.ratio_impl, RATIO_IMPLS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _one_of("tis_level", self.tis_level, TIS_LEVELS)
         sequence = self.loss in SEQUENCE_LOSSES

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+import kernels
 from grpo_jax.algorithms.ratio import clipped_surrogate
 
 if TYPE_CHECKING:
@@ -49,6 +50,15 @@ def _seq_mean(x, mask):
     return (x * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)
 
 
+def _surrogate(cfg, log_ratio, adv):
+    """The clipped surrogate of ppo_clip, gspo and gspo_token, through `cfg.ratio_impl`: the fused
+    kernel (`kernels.ratio_clip`, same values and gradients) or the jnp reference it replaces."""
+    if cfg.ratio_impl == "reference":
+        return clipped_surrogate(log_ratio, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c)
+    impl = None if cfg.ratio_impl == "auto" else cfg.ratio_impl
+    return kernels.ratio_clip(log_ratio, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c, impl=impl)
+
+
 def _no_clip(u):
     return u, jnp.zeros(u.shape, bool), jnp.zeros(u.shape, bool)
 
@@ -56,20 +66,20 @@ def _no_clip(u):
 @loss("ppo_clip")
 def ppo_clip(cfg, logp, old_logp, adv, mask):
     """GRPO/DAPO/Dr. GRPO/BNPO token surrogate, optional `delta` cap and dual clip `clip_c`."""
-    return clipped_surrogate(logp - old_logp, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c)
+    return _surrogate(cfg, logp - old_logp, adv)
 
 
 @loss("gspo", sequence=True)
 def gspo(cfg, logp, old_logp, adv, mask):
     """GSPO: clip the sequence ratio s_i = exp(mean_t D); gradient flows through s_i."""
-    return clipped_surrogate(_seq_mean(logp - old_logp, mask), adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c)
+    return _surrogate(cfg, _seq_mean(logp - old_logp, mask), adv)
 
 
 @loss("gspo_token")
 def gspo_token(cfg, logp, old_logp, adv, mask):
     """GSPO-token: rho = sg(s_i) exp(l - sg(l)) has the value of s_i and d rho / d l_t = s_i per token."""
     log_rho = sg(_seq_mean(logp - old_logp, mask))[:, None] + logp - sg(logp)
-    return clipped_surrogate(log_rho, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c)
+    return _surrogate(cfg, log_rho, adv)
 
 
 @loss("gmpo", sequence=True)

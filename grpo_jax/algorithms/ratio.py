@@ -1,7 +1,7 @@
 """The clipped importance-ratio surrogate shared by ppo_clip, gspo and gspo_token.
 
-This is the one place where ratio/clip arithmetic happens, so that `kernels/` can replace it with a
-fused kernel; this jnp version stays as the reference the kernel is tested against.
+The reference: training runs `kernels.ratio_clip` (same values and gradients, fused) unless
+`AlgorithmConfig.ratio_impl="reference"` picks this plain-autodiff version.
 """
 
 import jax.numpy as jnp
