@@ -17,8 +17,8 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from grpo_jax import models, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
+from grpo_jax.models.decoder import Cache
 
-Cache = dict[str, Array]  # models.init_cache: k [layers, batch, kv_heads, head_dim, slot], v, segment_ids
 
 
 @jax.tree_util.register_dataclass
@@ -242,10 +242,8 @@ def prefill(
     cache = models.init_cache(cfg, prompts.tokens.shape[0], cache_len)
     hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
     logits = _logits(cfg, params, hidden[:, -1])
-    repeat = lambda a, axis: jnp.repeat(a, group_size, axis=axis)  # noqa: E731
-    cache = {"k": repeat(cache["k"], 1), "v": repeat(cache["v"], 1),
-             "segment_ids": repeat(cache["segment_ids"], 0)}
-    return repeat(logits, 0), cache
+    repeat = lambda a: jnp.repeat(a, group_size, axis=0)  # noqa: E731
+    return repeat(logits), jax.tree.map(repeat, cache)  # every cache buffer is batch-major
 
 
 def decode_step(
@@ -273,14 +271,16 @@ def rollout(
     cache_len = width + sampling_cfg.max_new_tokens - 1
     logits, cache = prefill(cfg, params, prompts, group, cache_len)
     lengths = jnp.repeat(prompts.lengths, group)
-    shard = lambda cache: cache  # noqa: E731
-    if mesh is not None:  # keep the cache's layout fixed through the loop; GSPMD propagates the rest
+    shard = rows = lambda x: x  # noqa: E731
+    if mesh is not None:  # fix the layouts of the cache and the rows through the loop
         shardings = sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache_len)
         shard = functools.partial(jax.lax.with_sharding_constraint, shardings=shardings)
+        rows = lambda tree: jax.tree.map(  # noqa: E731
+            lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
 
     def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
         logits, cache = decode_step(cfg, params, cache, tokens, lengths + t, width + t)
-        return logits, shard(cache)
+        return rows(logits), shard(cache)
 
     keys = row_keys(rng, prompts.tokens.shape[0], group)
-    return decode(step, shard(cache), logits, keys, stop_ids, sampling_cfg)
+    return rows(decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg))

@@ -15,8 +15,8 @@ so packing is several ids in one row and left padding is leading zeros. Position
 KV cache (for sampling; one code path with `forward`):
 
     cache = init_cache(cfg, batch, max_len)
-        {"k": [layers, batch, kv_heads, head_dim, max_len], "v": [layers, batch, kv_heads, max_len,
-         head_dim] in cfg.compute_dtype (the layouts the attention kernels read),
+        {"k": one [batch, kv_heads, head_dim, max_len] per layer, "v": one [batch, kv_heads, max_len,
+         head_dim] per layer, in cfg.compute_dtype (the layouts the attention kernels read),
          "segment_ids": [batch, max_len] int32, 0 = slot unwritten or padding (the validity mask is
          `cache["segment_ids"] != 0`)}
     hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)

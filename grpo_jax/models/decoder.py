@@ -3,7 +3,8 @@
 One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
 case. Attention masks are built from segment ids and cache slots, never from positions, so left
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
-the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`.
+the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`;
+with a KV cache (sampling: no gradients, no remat) they are unrolled, each on its own cache buffers.
 """
 
 import math
@@ -17,7 +18,7 @@ from jaxtyping import Array, Float, Int
 from grpo_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
-Cache = dict[str, Array]
+Cache = dict[str, Any]  # see init_cache
 
 
 class ParamSpec(NamedTuple):
@@ -71,11 +72,15 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """The KV cache pytree as ParamSpecs (same role as `param_specs`)."""
-    shape, axes = (cfg.num_layers, batch, cfg.num_kv_heads), ("layers", "batch", "kv_heads")
+    """The KV cache pytree as ParamSpecs (same role as `param_specs`): one k and one v buffer per
+    layer, not a stacked [layers, ...] array, so that a layer reads its cache where it lies; a
+    matmul on a slice of a stacked cache makes XLA:CPU copy the slice first, every decode step."""
+    shape, axes = (batch, cfg.num_kv_heads), ("batch", "kv_heads")
+    k = ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))
+    v = ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))
     return {
-        "k": ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq")),
-        "v": ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None)),
+        "k": (k,) * cfg.num_layers,
+        "v": (v,) * cfg.num_layers,
         "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
     }
 
@@ -107,14 +112,15 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache: k [layers, batch, kv_heads, head_dim, max_len], v [layers, batch, kv_heads,
-    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype, and
-    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
+    """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
+    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype; segment_ids
+    [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
     specs = cache_specs(cfg, batch, max_len)
+    zeros = lambda spec, dtype: jnp.zeros(spec.shape, dtype)  # noqa: E731
     return {
-        "k": jnp.zeros(specs["k"].shape, cfg.compute_dtype),
-        "v": jnp.zeros(specs["v"].shape, cfg.compute_dtype),
-        "segment_ids": jnp.zeros(specs["segment_ids"].shape, jnp.int32),
+        "k": tuple(zeros(spec, cfg.compute_dtype) for spec in specs["k"]),
+        "v": tuple(zeros(spec, cfg.compute_dtype) for spec in specs["v"]),
+        "segment_ids": zeros(specs["segment_ids"], jnp.int32),
     }
 
 
@@ -199,9 +205,9 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
-    """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
-    are written in place at [layer, :, index:index+T] and all slots of this layer are attended."""
+def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
+    """Self-attention of T new tokens. With a cache (kv: this layer's k, v) their keys and values
+    are written in place at slots [index, index+T) and all slots are attended."""
     q = jnp.einsum("btd,dnh->btnh", x, p["q"])
     k = jnp.einsum("btd,dkh->btkh", x, p["k"])
     v = jnp.einsum("btd,dkh->btkh", x, p["v"])
@@ -215,9 +221,9 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     q_slot = index + jnp.arange(x.shape[1])
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
     if kv is not None:
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype)[None], (layer, 0, 0, 0, index))
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype)[None], (layer, 0, 0, index, 0))
-        kv, k, v = (k, v), k[layer], v[layer]
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, 0, 0, index))
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, 0, index, 0))
+        kv = (k, v)
     k_slot = jnp.arange(v.shape[2])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
@@ -305,32 +311,44 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
         k_segment_ids = jax.lax.dynamic_update_slice_in_dim(
             cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
         )
-    kv = None if cache is None else (cache["k"], cache["v"])
+
+    def layer(x, kv, lp, mp, is_moe):
+        lp, mp = cast(lp), cast(mp)
+        h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+        a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index)
+        x = x + a
+        h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+        m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
+        return _constrain(x + m, ("batch", "seq", "embed")), kv, logits
+
+    if cfg.remat != "none":
+        layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat], static_argnums=(4,))
+    ks, vs = (None, None) if cache is None else (list(cache["k"]), list(cache["v"]))
     router_logits = []
     for is_moe, start, stop, kind_start in _runs(cfg):
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
         mlp_p = jax.tree.map(
             lambda a: a[kind_start : kind_start + stop - start], params["moe" if is_moe else "mlp"]
         )
+        if cache is None:  # one scanned body: compile time independent of depth
+            def body(x, xs, is_moe=is_moe):
+                x, _, logits = layer(x, None, *xs, is_moe)
+                return x, logits
 
-        def layer(carry, xs, is_moe=is_moe):
-            (x, kv), (lp, mp, i) = carry, (cast(xs[0]), cast(xs[1]), xs[2])
-            h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-            a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index)
-            x = x + a
-            h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-            m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
-            return (_constrain(x + m, ("batch", "seq", "embed")), kv), logits
-
-        if cfg.remat != "none":
-            layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat])
-        (x, kv), logits = jax.lax.scan(layer, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop)))
+            x, logits = jax.lax.scan(body, x, (layer_p, mlp_p))
+        else:  # unrolled, each layer on its own cache buffers
+            logits = []
+            for i in range(start, stop):
+                lp, mp = jax.tree.map(lambda a, j=i - start: a[j], (layer_p, mlp_p))
+                x, (ks[i], vs[i]), out = layer(x, (ks[i], vs[i]), lp, mp, is_moe)
+                logits.append(out)
+            logits = jnp.stack(logits) if is_moe else None
         if is_moe:
             router_logits.append(logits)
     hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
     aux = {"router_logits": jnp.concatenate(router_logits)} if router_logits else {}
     if cache is not None:
-        cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
+        cache = {"k": tuple(ks), "v": tuple(vs), "segment_ids": k_segment_ids}
     return hidden, cache, aux
 
 
