@@ -16,12 +16,11 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 ROOT = pathlib.Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "experiments" / "configs"))
 
-from grpo_jax import rl_step, sampling, trainer  # noqa: E402
+from grpo_jax import rl_step, trainer  # noqa: E402
 from quickstart import get_config  # noqa: E402
 
 

@@ -25,7 +25,7 @@ import optax
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE / "configs"))
 
-from grpo_jax import data, models, sampling, trainer  # noqa: E402
+from grpo_jax import data, sampling, trainer  # noqa: E402
 from grpo_jax import train_step as ts  # noqa: E402
 from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
 

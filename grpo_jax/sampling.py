@@ -20,7 +20,6 @@ from grpo_jax.config import ModelConfig, SamplingConfig
 from grpo_jax.models.decoder import Cache
 
 
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prompts:

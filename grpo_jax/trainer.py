@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
 from grpo_jax import logging as run_logging
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, FileTaskConfig, ModelOptions
+from grpo_jax.config import Config, ModelOptions
 
 # Rewards that score correctness: the first of these in the run is its "accuracy".
 CORRECTNESS_REWARDS = ("exact", "math", "countdown")
@@ -68,7 +68,7 @@ def build_task(cfg: Config) -> Task:
 
 def check(cfg: Config) -> None:
     """User errors of the run's shape, raised before anything compiles."""
-    alg, tr, s = cfg.algorithm, cfg.train, cfg.sampling
+    tr, s = cfg.train, cfg.sampling
     rows = tr.prompts_per_step * s.group_size
     if rows % (tr.minibatches * tr.micro_batches):
         raise ValueError(
