@@ -46,6 +46,7 @@ def test_overrides():
     (dict(advantage="grpo"), "known: 'group_std'"),
     (dict(aggregation="mean"), "known: 'token_mean'"),
     (dict(kl_estimator="k4"), "known: 'k1'"),
+    (dict(ratio_impl="triton"), "ratio_impl='triton' is unknown; known: 'auto', 'reference'"),
     (dict(loss="gspo", aggregation="token_mean"), "weight completions by length"),
     (dict(loss="gmpo", aggregation="seq_mean_token_mean"), "aggregation='seq_mean'"),
     (dict(aggregation="seq_mean"), "seq_mean_token_mean"),
