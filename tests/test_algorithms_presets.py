@@ -52,6 +52,7 @@ def test_overrides():
     (dict(aggregation="seq_mean"), "seq_mean_token_mean"),
     (dict(loss="gspo", aggregation="seq_mean", tis_level="token"), "tis_level='sequence'"),
     (dict(loss="sapo", clip_c=3.0), "delta/clip_c apply to"),
+    (dict(loss="cispo", aggregation="token_mean", ratio_impl="pallas"), "ratio_impl='pallas' picks how"),
     (dict(delta=1.1), "delta=1.1 must exceed"),
     (dict(clip_c=0.9), "clip_c=0.9 must be > 1"),
     (dict(eps_low=1.0), "eps_low=1.0"),

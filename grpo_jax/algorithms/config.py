@@ -13,7 +13,7 @@ from grpo_jax.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, LOSSES, SEQU
 REWARD_COMBINES = ("sum_then_normalize", "normalize_then_sum")
 TIS_LEVELS = (None, "token", "sequence")
 UNCORRECTED_LOSSES = ("reinforce",)  # exactly on-policy: valid only for the first pass over a batch
-SURROGATE_LOSSES = ("ppo_clip", "gspo", "gspo_token")  # the users of clipped_surrogate (delta, clip_c)
+SURROGATE_LOSSES = ("ppo_clip", "gspo", "gspo_token")  # the clipped surrogates (delta, clip_c, ratio_impl)
 RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
 
 
@@ -98,6 +98,9 @@ class AlgorithmConfig:
             raise ValueError(f"AlgorithmConfig: eps_low={self.eps_low} makes the lower ratio clip 1 - eps_low <= 0.")
         if (self.delta is not None or self.clip_c is not None) and self.loss not in SURROGATE_LOSSES:
             raise ValueError(f"AlgorithmConfig: delta/clip_c apply to {SURROGATE_LOSSES}, not loss={self.loss!r}; unset them.")
+        if self.ratio_impl != "auto" and self.loss not in SURROGATE_LOSSES:
+            raise ValueError(f"AlgorithmConfig: ratio_impl={self.ratio_impl!r} picks how {SURROGATE_LOSSES} run; "
+                             f"loss={self.loss!r} does not use it: unset it.")
         if self.delta is not None and self.delta <= 1 + self.eps_high:
             raise ValueError(f"AlgorithmConfig: delta={self.delta} must exceed 1 + eps_high = {1 + self.eps_high}.")
         if self.clip_c is not None and self.clip_c <= 1:
