@@ -68,11 +68,11 @@ def main():
     parser.add_argument("--v", type=int, default=151_936)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--token-tile", type=int, default=None, help="default: fused_logprobs'")
-    parser.add_argument("--vocab-tile", type=int, default=2048)
+    parser.add_argument("--vocab-tile", type=int, default=None, help="default: fused_logprobs'")
     parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results/logprobs.json"))
     args = parser.parse_args()
     tiles = dict(token_tile=args.token_tile, vocab_tile=args.vocab_tile)
-    impls = ["naive", "chunked"] + (["pallas"] if jax.default_backend() in ("tpu",) else [])
+    impls = ["naive", "chunked"] + (["pallas"] if jax.default_backend() in ("tpu", "gpu") else [])
 
     rows = []
     for dtype in (jnp.float32, jnp.bfloat16):

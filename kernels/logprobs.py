@@ -8,9 +8,9 @@ log-sum-exp; its custom VJP recomputes the tiles, so memory is O(N d + d V) inst
 Implementations (`impl`):
   "naive"   full logits, plain autodiff: the reference, `logprobs_reference`.
   "chunked" jnp scans over token and vocabulary chunks (default on CPU and GPU).
-  "pallas"  Pallas kernels (default on TPU; interpreted on CPU, for tests). They accumulate in
-            revisited output blocks, which Triton does not support: no GPU kernel yet. On a mesh
-            they run per device on a shard of the tokens, unembed replicated (a shard_map).
+  "pallas"  Pallas kernels: Mosaic on TPU (the default there), Triton on GPU, either one
+            interpreted on CPU for tests (`interpret_as`). On a mesh they run per device on a
+            shard of the tokens, unembed replicated (a shard_map). See kernels/logprobs_pallas.py.
 
 Tied embeddings: pass the [V, d] embedding table itself with `transposed=True`; nothing is copied.
 (Passing `embed.T` with transposed=False is also correct, but the chunked path then holds a [d, V]
@@ -27,6 +27,7 @@ from jaxtyping import Array, Bool, Float, Int
 from kernels import _tile
 
 IMPLS = ("naive", "chunked", "pallas")
+CHUNKED_TILE = 2048
 
 
 def logprobs_reference(
@@ -56,7 +57,8 @@ def fused_logprobs(
     impl: str | None = None,
     transposed: bool = False,
     token_tile: int | None = None,
-    vocab_tile: int = 2048,
+    vocab_tile: int | None = None,
+    interpret_as: str | None = None,
 ) -> Float[Array, "N"] | tuple[Float[Array, "N"], Float[Array, "N"]]:
     """log p(targets) under softmax(hidden @ unembed / temperature), float32 [N]; with
     `return_entropy`, also the entropy of each row's distribution [N]. Both differentiate w.r.t.
@@ -64,12 +66,17 @@ def fused_logprobs(
     targets are ignored and token tiles with no counted row are skipped. `temperature` is a
     Python float (the sampling config's), static under jit. `transposed=True` means unembed is
     [V, d] (a tied embedding table, passed as is). Tiles are clipped to N and V; neither needs
-    to be a multiple of its tile. `token_tile` None: 2048 for "chunked" (big dots run near peak
-    speed on CPU), 256 for "pallas" (its blocks must fit in TPU VMEM)."""
+    to be a multiple of its tile; None picks the implementation's default (token x vocab):
+    "chunked" 2048 x 2048 (big dots run near peak speed on CPU), Mosaic 256 x 2048 (blocks that
+    fit in TPU VMEM), Triton 64 x 128. Pallas tiles are powers of two, the token tile >= 16 and
+    the vocab tile >= 128 (Mosaic's block rules). `interpret_as` ("tpu" or "gpu", only with
+    impl="pallas"; default "tpu") picks the kernels that CPU interprets; a TPU or GPU always
+    runs its own."""
     impl = impl or ("pallas" if jax.default_backend() == "tpu" else "chunked")
-    if token_tile is None:
-        token_tile = 256 if impl == "pallas" else 2048
-    _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile)
+    _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile,
+           interpret_as)
+    if impl == "chunked":
+        token_tile, vocab_tile = token_tile or CHUNKED_TILE, vocab_tile or CHUNKED_TILE
     mask = jnp.ones(targets.shape, bool) if mask is None else mask.astype(bool)
     targets = jnp.where(mask, targets, 0)
     if impl == "naive":
@@ -82,12 +89,14 @@ def fused_logprobs(
             vocab_tile=vocab_tile,
             transposed=transposed,
             entropy=return_entropy,
+            interpret_as=interpret_as or "tpu",
         )
         logp, ent = _fused(plan, hidden, unembed, targets, mask)
     return (logp, ent) if return_entropy else logp
 
 
-def _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile):
+def _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_tile, vocab_tile,
+           interpret_as):
     """User errors, raised before anything compiles."""
     if impl not in IMPLS:
         raise ValueError(f"fused_logprobs: impl={impl!r}; choose one of {IMPLS}")
@@ -114,8 +123,17 @@ def _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_
         raise ValueError(
             f"fused_logprobs: temperature must be a positive Python float; got {temperature!r}"
         )
-    if token_tile < 1 or vocab_tile < 1:
-        raise ValueError(f"fused_logprobs: tiles must be >= 1; got {token_tile}, {vocab_tile}")
+    for name, tile, least in (("token_tile", token_tile, 16), ("vocab_tile", vocab_tile, 128)):
+        if tile is None:
+            continue
+        if impl == "pallas" and (tile < least or tile & (tile - 1)):
+            raise ValueError(f"fused_logprobs: with impl='pallas', {name} must be a power of two "
+                             f">= {least}; got {tile}")
+        if tile < 1:
+            raise ValueError(f"fused_logprobs: {name} must be >= 1; got {tile}")
+    if interpret_as is not None and (impl != "pallas" or interpret_as not in ("tpu", "gpu")):
+        raise ValueError(f"fused_logprobs: interpret_as={interpret_as!r} needs impl='pallas' and "
+                         "one of 'tpu', 'gpu'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +142,11 @@ class _Plan:
 
     impl: str
     inv_temp: float
-    token_tile: int
-    vocab_tile: int
+    token_tile: int | None  # None: the Pallas kernels' own default
+    vocab_tile: int | None
     transposed: bool
     entropy: bool
+    interpret_as: str  # whose Pallas kernels CPU interprets: "tpu" or "gpu"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -9,7 +9,7 @@ the clip range) split the gradient half/half, as jnp.maximum's does: both halves
 
 Implementations: "jnp" (the math below under the custom VJP; default off TPU) and "pallas"
 (one elementwise kernel per direction over [rows, 128] blocks, split over the devices under a
-mesh; default on TPU, interpreted on CPU).
+mesh; default on TPU, where Mosaic compiles it; Triton on GPU; interpreted on CPU).
 """
 
 import functools
@@ -17,10 +17,12 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
 
-from kernels import _mesh
+from kernels import _launch
 
 IMPLS = ("jnp", "pallas")
 LANES = 128
@@ -39,7 +41,7 @@ def ratio_clip(
 ) -> tuple[Float[Array, "*units"], Bool[Array, "*units"], Bool[Array, "*units"]]:
     """(u, clipped_low, clipped_high), elementwise over tokens or sequences alike; see the module
     docstring and `clipped_surrogate` for the definitions. Float32; no masking (callers pass
-    log_ratio = 0 where masked)."""
+    log_ratio = 0 where masked). `block_rows`: a power of two (Triton's block rule)."""
     impl = impl or ("pallas" if jax.default_backend() == "tpu" else "jnp")
     if impl not in IMPLS:
         raise ValueError(f"ratio_clip: impl={impl!r}; choose one of {IMPLS}")
@@ -48,8 +50,8 @@ def ratio_clip(
             f"ratio_clip: log_ratio {log_ratio.shape} and advantages {advantages.shape} must have "
             "the same shape (broadcast sequence advantages over tokens first)"
         )
-    if block_rows < 1:
-        raise ValueError(f"ratio_clip: block_rows must be >= 1; got {block_rows}")
+    if block_rows < 1 or block_rows & (block_rows - 1):
+        raise ValueError(f"ratio_clip: block_rows must be a power of two; got {block_rows}")
     clip = (float(eps_low), float(eps_high), delta, clip_c)
     u, low, high = _ratio_clip(clip, impl, block_rows, log_ratio.astype(jnp.float32),
                                advantages.astype(jnp.float32))
@@ -111,13 +113,13 @@ _ratio_clip.defvjp(_ratio_clip_fwd, _ratio_clip_bwd)
 
 def _elementwise(impl, block_rows, fn, *arrays):
     """fn over same-shaped arrays, either directly or as a Pallas kernel on [rows, 128] blocks
-    (under a mesh, each device on its share of the rows: see `kernels._mesh`)."""
+    (under a mesh, each device on its share of the rows; see `kernels._launch`)."""
     if impl == "jnp":
         return fn(*arrays)
-    mesh, axes, devices = _mesh.row_axes(arrays[0])
+    mesh, axes, devices = _launch.row_axes(arrays[0])
     shape, size = arrays[0].shape, arrays[0].size
     local_rows = max(-(-size // (LANES * devices)), 1)
-    br = min(block_rows, local_rows)
+    br = min(block_rows, pl.next_power_of_2(local_rows))  # Mosaic: == local_rows or a multiple of 8
     local_rows = -(-local_rows // br) * br
     padded = local_rows * devices * LANES
     blocks = [jnp.pad(x.reshape(-1), (0, padded - size)).reshape(-1, LANES) for x in arrays]
@@ -130,13 +132,15 @@ def _elementwise(impl, block_rows, fn, *arrays):
             ref[...] = value
 
     spec = pl.BlockSpec((br, LANES), lambda i: (i, 0))
-    call = pl.pallas_call(
-        kernel,
-        grid=(local_rows // br,),
-        in_specs=[spec] * len(arrays),
-        out_specs=[spec] * len(outs),
-        out_shape=outs,
-        interpret=jax.default_backend() == "cpu",
+
+    def launch(**how):
+        return pl.pallas_call(kernel, grid=(local_rows // br,), in_specs=[spec] * len(arrays),
+                              out_specs=[spec] * len(outs), out_shape=outs, **how)
+
+    call = _launch.per_platform(
+        cpu=launch(interpret=True),
+        tpu=launch(compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",))),
+        gpu=launch(compiler_params=plgpu.CompilerParams(num_warps=4)),
     )
     if devices > 1:  # check_vma=False: pallas_call outputs carry no varying-axes types
         rows = (P(axes),)

@@ -1,4 +1,5 @@
-"""fused_logprobs: chunked and Pallas (interpreted) paths against full logits and float64 numpy."""
+"""fused_logprobs: the chunked path and both Pallas kernel families (Mosaic TPU and Triton GPU,
+interpreted) against full logits and float64 numpy."""
 
 import jax
 import jax.numpy as jnp
@@ -9,18 +10,19 @@ from jax.sharding import PartitionSpec as P
 
 from kernels import fused_logprobs, logprobs_reference
 
-# Odd sizes: neither N nor V is a multiple of its tile; rows 8..15 form a fully masked tile.
-N, D, V, TN, TV, TEMP = 37, 16, 101, 8, 16, 0.7
+# Odd sizes: neither N nor V is a multiple of its tile, nor d of the Triton kernels' 64-wide slices
+# of d_model; rows 16..31 form a fully masked tile.
+N, D, V, TN, TV, TEMP = 37, 80, 300, 16, 128, 0.7
 
 
 @pytest.fixture(scope="module")
 def data():
     k = jax.random.split(jax.random.key(0), 6)
-    mask = jax.random.bernoulli(k[3], 0.8, (N,)).at[8:16].set(False)
+    mask = jax.random.bernoulli(k[3], 0.8, (N,)).at[16:32].set(False)
     targets = jax.random.randint(k[2], (N,), 0, V)
     return dict(
         hidden=jax.random.normal(k[0], (N, D)),
-        unembed=jax.random.normal(k[1], (D, V)) * 0.6,
+        unembed=jax.random.normal(k[1], (D, V)) * 0.3,
         targets=jnp.where(mask, targets, -7),  # garbage where masked: must be ignored
         mask=mask,
         w_logp=jax.random.normal(k[4], (N,)),  # random cotangents for both outputs
@@ -55,26 +57,36 @@ def naive(data):
 
 
 TILES = dict(token_tile=TN, vocab_tile=TV)
+FUSED = [dict(impl="chunked"), dict(impl="pallas", interpret_as="tpu"),
+         dict(impl="pallas", interpret_as="gpu")]
+FUSED_IDS = ["chunked", "pallas-mosaic", "pallas-triton"]
 
 
-@pytest.mark.parametrize("impl", ["chunked", "pallas"])
+@pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)])
 def test_matches_full_logits(data, naive, impl, dtype, tol):
-    _close(_run(data, dtype, impl=impl, **TILES), naive[dtype], tol)
+    _close(_run(data, dtype, **impl, **TILES), naive[dtype], tol)
 
 
-@pytest.mark.parametrize("impl", ["chunked", "pallas"])
+@pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
 def test_logprobs_only_and_tied_layout(data, naive, impl):
     """Without entropy (its backward terms skipped), and with unembed given as [V, d]."""
-    logp, _, dh, dw = _run(data, impl=impl, entropy=False, transposed=True, **TILES)
+    logp, _, dh, dw = _run(data, entropy=False, transposed=True, **impl, **TILES)
     want = _run(data, impl="naive", entropy=False)
     _close([logp, dh, dw], [want[0], want[2], want[3]], 1e-5)
 
 
-def test_masked_rows_are_zero(data, naive):
-    logp, ent, dh, _ = _run(data, impl="chunked", **TILES)
+@pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
+def test_default_tiles(data, naive, impl):
+    """Each implementation's own tiles (larger than N, V and d here: clipped to them)."""
+    _close(_run(data, **impl), naive[jnp.float32], 1e-5)
+
+
+@pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
+def test_masked_rows_are_zero(data, naive, impl):
+    logp, ent, dh, _ = _run(data, **impl, **TILES)
     off = ~np.asarray(data["mask"])
-    assert off.sum() >= 8
+    assert off.sum() >= 16
     assert not np.any(logp[off]) and not np.any(ent[off]) and not np.any(dh[off])
     assert np.all(logp[~off] < 0) and np.all(ent[~off] > 0)
 
@@ -114,7 +126,8 @@ def test_tied_embedding_is_not_copied(data):
     assert f"[{D},{V}]" in hlo
 
 
-def test_pallas_splits_tokens_over_the_mesh(data, naive):
+@pytest.mark.parametrize("interpret_as", ["tpu", "gpu"])
+def test_pallas_splits_tokens_over_the_mesh(data, naive, interpret_as):
     """On a (2,2,2) mesh the kernels run in a shard_map over each device's tokens (GSPMD cannot
     split a pallas_call): N=37 rows are padded to 40, 5 per device; values and gradients are those
     of the full logits."""
@@ -122,11 +135,11 @@ def test_pallas_splits_tokens_over_the_mesh(data, naive):
     put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
     on_mesh = dict(data, hidden=put(data["hidden"], P(None, "fsdp")),
                    unembed=put(data["unembed"], P("fsdp")))
-    tiles = dict(TILES, token_tile=2)  # 3 tiles per device, the last one padded
-    _close(_run(on_mesh, impl="pallas", **tiles), naive[jnp.float32], 1e-5)
+    pallas = dict(impl="pallas", interpret_as=interpret_as, **TILES)
+    _close(_run(on_mesh, **pallas), naive[jnp.float32], 1e-5)
 
     def loss(h, w):
-        return fused_logprobs(h, w, data["targets"], TEMP, impl="pallas", **tiles).sum()
+        return fused_logprobs(h, w, data["targets"], TEMP, **pallas).sum()
 
     jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(on_mesh["hidden"], on_mesh["unembed"]))
     assert jaxpr.count("shard_map") == 2 and f"f32[5,{D}]" in jaxpr  # forward, backward
@@ -145,6 +158,11 @@ def test_default_impl_and_plain_call(data):
     "kwargs,match",
     [
         (dict(impl="triton"), "impl='triton'"),
+        (dict(impl="pallas", token_tile=24), "token_tile must be a power of two >= 16"),
+        (dict(impl="pallas", vocab_tile=64), "vocab_tile must be a power of two >= 128"),
+        (dict(impl="chunked", vocab_tile=0), "vocab_tile must be >= 1"),
+        (dict(impl="chunked", interpret_as="gpu"), "interpret_as='gpu' needs impl='pallas'"),
+        (dict(impl="pallas", interpret_as="cuda"), "interpret_as='cuda' needs"),
         (dict(temperature=0.0), "temperature"),
         (dict(unembed=jnp.zeros((V, D))), "transposed=True"),
         (dict(targets=jnp.zeros((N + 1,), jnp.int32)), "targets"),

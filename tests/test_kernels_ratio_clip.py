@@ -104,3 +104,5 @@ def test_user_errors(units):
         ratio_clip(x, a, 0.2, 0.2, impl="cuda")
     with pytest.raises(ValueError, match="broadcast sequence advantages"):
         ratio_clip(x, a[:, 0], 0.2, 0.2)
+    with pytest.raises(ValueError, match="block_rows must be a power of two"):
+        ratio_clip(x, a, 0.2, 0.2, impl="pallas", block_rows=3)
