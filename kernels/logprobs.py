@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from kernels import _tile
+from kernels import _tile, logprobs_pallas
 
 IMPLS = ("naive", "chunked", "pallas")
 CHUNKED_TILE = 2048
@@ -173,19 +173,11 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def _forward_fn(plan):
-    if plan.impl == "pallas":
-        from kernels import logprobs_pallas  # noqa: PLC0415  (Pallas is imported only when used)
-
-        return logprobs_pallas.forward
-    return _chunked_forward
+    return logprobs_pallas.forward if plan.impl == "pallas" else _chunked_forward
 
 
 def _backward_fn(plan):
-    if plan.impl == "pallas":
-        from kernels import logprobs_pallas  # noqa: PLC0415
-
-        return logprobs_pallas.backward
-    return _chunked_backward
+    return logprobs_pallas.backward if plan.impl == "pallas" else _chunked_backward
 
 
 # ----------------------------------------------------------------------------- chunked jnp path
