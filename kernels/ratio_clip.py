@@ -26,6 +26,9 @@ from kernels import _launch
 
 IMPLS = ("jnp", "pallas")
 LANES = 128
+# Default rows of a [rows, 128] block: TPU VMEM tiles; on GPU 1024 elements, which a Triton program
+# keeps in registers across its five arrays (a 256-row block would spill).
+BLOCK_ROWS = {"tpu": 256, "gpu": 8}
 
 
 def ratio_clip(
@@ -37,11 +40,12 @@ def ratio_clip(
     clip_c: float | None = None,
     *,
     impl: str | None = None,
-    block_rows: int = 256,
+    block_rows: int | None = None,
 ) -> tuple[Float[Array, "*units"], Bool[Array, "*units"], Bool[Array, "*units"]]:
     """(u, clipped_low, clipped_high), elementwise over tokens or sequences alike; see the module
     docstring and `clipped_surrogate` for the definitions. Float32; no masking (callers pass
-    log_ratio = 0 where masked). `block_rows`: a power of two (Triton's block rule)."""
+    log_ratio = 0 where masked). `block_rows`: a power of two (Triton's block rule); None: the
+    platform's `BLOCK_ROWS`."""
     impl = impl or ("pallas" if jax.default_backend() == "tpu" else "jnp")
     if impl not in IMPLS:
         raise ValueError(f"ratio_clip: impl={impl!r}; choose one of {IMPLS}")
@@ -50,7 +54,7 @@ def ratio_clip(
             f"ratio_clip: log_ratio {log_ratio.shape} and advantages {advantages.shape} must have "
             "the same shape (broadcast sequence advantages over tokens first)"
         )
-    if block_rows < 1 or block_rows & (block_rows - 1):
+    if block_rows is not None and (block_rows < 1 or block_rows & (block_rows - 1)):
         raise ValueError(f"ratio_clip: block_rows must be a power of two; got {block_rows}")
     clip = (float(eps_low), float(eps_high), delta, clip_c)
     u, low, high = _ratio_clip(clip, impl, block_rows, log_ratio.astype(jnp.float32),
@@ -119,8 +123,10 @@ def _elementwise(impl, block_rows, fn, *arrays):
     mesh, axes, devices = _launch.row_axes(arrays[0])
     shape, size = arrays[0].shape, arrays[0].size
     local_rows = max(-(-size // (LANES * devices)), 1)
-    br = min(block_rows, pl.next_power_of_2(local_rows))  # Mosaic: == local_rows or a multiple of 8
-    local_rows = -(-local_rows // br) * br
+    # Powers of two (Mosaic: == local_rows or a multiple of 8); the larger divides local_rows.
+    block = {p: min(block_rows or default, pl.next_power_of_2(local_rows))
+             for p, default in BLOCK_ROWS.items()}
+    local_rows = -(-local_rows // max(block.values())) * max(block.values())
     padded = local_rows * devices * LANES
     blocks = [jnp.pad(x.reshape(-1), (0, padded - size)).reshape(-1, LANES) for x in arrays]
     local_shape = jax.ShapeDtypeStruct((local_rows, LANES), jnp.float32)
@@ -131,16 +137,15 @@ def _elementwise(impl, block_rows, fn, *arrays):
         for ref, value in zip(refs[len(arrays):], results):
             ref[...] = value
 
-    spec = pl.BlockSpec((br, LANES), lambda i: (i, 0))
-
-    def launch(**how):
+    def launch(br, **how):
+        spec = pl.BlockSpec((br, LANES), lambda i: (i, 0))
         return pl.pallas_call(kernel, grid=(local_rows // br,), in_specs=[spec] * len(arrays),
                               out_specs=[spec] * len(outs), out_shape=outs, **how)
 
     call = _launch.per_platform(
-        cpu=launch(interpret=True),
-        tpu=launch(compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",))),
-        gpu=launch(compiler_params=plgpu.CompilerParams(num_warps=4)),
+        cpu=launch(block["tpu"], interpret=True),
+        tpu=launch(block["tpu"], compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",))),
+        gpu=launch(block["gpu"], compiler_params=plgpu.CompilerParams(num_warps=4)),
     )
     if devices > 1:  # check_vma=False: pallas_call outputs carry no varying-axes types
         rows = (P(axes),)
