@@ -126,6 +126,8 @@ def _check(hidden, unembed, targets, temperature, mask, impl, transposed, token_
     for name, tile, least in (("token_tile", token_tile, 16), ("vocab_tile", vocab_tile, 128)):
         if tile is None:
             continue
+        if impl == "naive":
+            raise ValueError(f"fused_logprobs: impl='naive' has no tiles; drop {name}={tile}")
         if impl == "pallas" and (tile < least or tile & (tile - 1)):
             raise ValueError(f"fused_logprobs: with impl='pallas', {name} must be a power of two "
                              f">= {least}; got {tile}")

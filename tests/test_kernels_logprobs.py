@@ -161,6 +161,7 @@ def test_default_impl_and_plain_call(data):
         (dict(impl="pallas", token_tile=24), "token_tile must be a power of two >= 16"),
         (dict(impl="pallas", vocab_tile=64), "vocab_tile must be a power of two >= 128"),
         (dict(impl="chunked", vocab_tile=0), "vocab_tile must be >= 1"),
+        (dict(impl="naive", token_tile=16), "impl='naive' has no tiles"),
         (dict(impl="chunked", interpret_as="gpu"), "interpret_as='gpu' needs impl='pallas'"),
         (dict(impl="pallas", interpret_as="cuda"), "interpret_as='cuda' needs"),
         (dict(temperature=0.0), "temperature"),
