@@ -104,16 +104,16 @@ def forward(plan, hidden, unembed, mask, *, interpret):
 
     def kernel(h_ref, w_ref, m_ref, lse_ref, ez_ref):
         r0 = pl.program_id(0) * g.tn
-        m = m_ref[pl.ds(r0, g.tn)]
+        counted = m_ref[pl.ds(r0, g.tn)]
 
         def vocab_step(j, stats):
             z = _logits(plan, g, h_ref, w_ref, r0, j * g.tv)
             return _tile.update_stats(stats, z, _columns(g, j * g.tv) < g.v)
 
-        steps = jnp.where(jnp.max(m) > 0, g.nv, 0)  # a fully masked tile does no work
+        steps = jnp.where(jnp.max(counted) > 0, g.nv, 0)  # a fully masked tile does no work
         stats = jax.lax.fori_loop(0, steps, vocab_step, _tile.init_stats(g.tn))
         for ref, value in zip((lse_ref, ez_ref), _tile.finish_stats(stats)):
-            ref[pl.ds(r0, g.tn)] = jnp.where(m > 0, value[:, 0], 0.0)
+            ref[pl.ds(r0, g.tn)] = jnp.where(counted > 0, value[:, 0], 0.0)
 
     rows = jax.ShapeDtypeStruct((g.nt * g.tn,), jnp.float32)
     lse, ez = _call(kernel, (g.nt,), [rows, rows], interpret)(h, unembed, m)
