@@ -34,5 +34,6 @@ def row_axes(x):
 
 
 def pad_rows(rows: int, *arrays):
-    """Each array zero-padded along its first axis to `rows`."""
+    """Each array zero-padded along its first axis to `rows` (token rows to a multiple of a tile
+    or of the devices; used by the chunked path too)."""
     return [jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1)) for a in arrays]

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from kernels import _tile, logprobs_pallas
+from kernels import _launch, _tile, logprobs_pallas
 
 IMPLS = ("naive", "chunked", "pallas")
 CHUNKED_TILE = 2048
@@ -221,11 +221,7 @@ def _tiles(plan, hidden, unembed):
 
 def _rows(tn, nt, *arrays):
     """Pad rows to nt * tn and split them into [nt, tn, ...] chunks."""
-    pad = nt * tn - arrays[0].shape[0]
-    return [
-        jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(nt, tn, *a.shape[1:])
-        for a in arrays
-    ]
+    return [a.reshape(nt, tn, *a.shape[1:]) for a in _launch.pad_rows(nt * tn, *arrays)]
 
 
 def _chunked_forward(plan, hidden, unembed, targets, mask):
