@@ -55,8 +55,13 @@ def test_ratio_clip_lowers(platform):
     assert _lowered(jax.value_and_grad(loss, (0, 1)), platform, x, x).count(KERNEL_CALL[platform]) == 2
 
 
-def test_cpu_runs_no_compiled_kernel():
-    """For CPU only the interpreted kernels are lowered (`kernels._launch.per_platform`)."""
+@pytest.mark.parametrize("interpret_as", ["tpu", "gpu"])
+def test_cpu_runs_the_interpreted_kernels_it_is_asked_for(interpret_as):
+    """For CPU only interpreted kernels are lowered (`kernels._launch.per_platform`), of the family
+    `interpret_as` names: the Triton kernels pad N=20 token rows to a 32-row tile, the Mosaic ones
+    take all 20 as one tile."""
     h, w, t = jnp.ones((20, 16)), jnp.ones((16, 40)), jnp.zeros((20,), jnp.int32)
-    assert "custom_call" not in _lowered(
-        lambda h, w: fused_logprobs(h, w, t, 1.0, impl="pallas"), "cpu", h, w)
+    text = _lowered(lambda h, w: fused_logprobs(h, w, t, 1.0, impl="pallas",
+                                                interpret_as=interpret_as), "cpu", h, w)
+    assert "custom_call" not in text
+    assert ("tensor<32x16xf32>" in text) == (interpret_as == "gpu")
