@@ -1,0 +1,50 @@
+"""Metric: weighted means, sums and extremes merge exactly, across jit and scan."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import metrics
+from grpo_jax.metrics import Metric
+
+
+def test_merging_parts_equals_the_whole():
+    x = np.array([1.0, 5.0, -2.0, 4.0, 3.0])
+    w = np.array([1.0, 0.0, 2.0, 1.0, 1.0])  # the 5.0 has weight 0: it counts nowhere
+    whole = {"m": Metric.mean(x, w), "s": Metric.sum(x > 0), "hi": Metric.max(x, w), "lo": Metric.min(x, w)}
+    parts = [{"m": Metric.mean(x[i], w[i]), "s": Metric.sum(x[i] > 0), "hi": Metric.max(x[i], w[i]),
+              "lo": Metric.min(x[i], w[i])} for i in range(5)]
+    got, want = metrics.finalize(metrics.combine_all(parts)), metrics.finalize(whole)
+    assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in want.items()}
+    assert float(want["m"]) == pytest.approx((1 - 4 + 4 + 3) / 5) and float(want["s"]) == 4
+    assert float(want["hi"]) == 4 and float(want["lo"]) == -2
+
+
+def test_a_mean_of_means_is_not_what_merging_gives():
+    """Two updates: loss 1.0 over 1 token and 3.0 over 3 tokens merge to 2.5, not 2.0; counters add."""
+    a = {"loss": Metric(jnp.float32(1.0), jnp.float32(1.0), "mean"), "skipped": Metric.sum(1.0)}
+    b = {"loss": Metric(jnp.float32(9.0), jnp.float32(3.0), "mean"), "skipped": Metric.sum(1.0)}
+    m = metrics.finalize(metrics.combine(a, b))
+    assert float(m["loss"]) == 2.5 and float(m["skipped"]) == 2.0
+
+
+def test_nothing_counted_reads_zero_and_scan_outputs_reduce():
+    empty = {"m": Metric.mean(np.ones(3), np.zeros(3)), "hi": Metric.max(np.ones(3), np.zeros(3))}
+    assert {k: float(v) for k, v in metrics.finalize(empty).items()} == {"m": 0.0, "hi": 0.0}
+
+    def step(carry, x):
+        return carry, {"m": Metric.mean(x, 1.0), "hi": Metric.max(x), "s": Metric.sum(x > 1)}
+
+    _, stacked = jax.jit(lambda xs: jax.lax.scan(step, 0, xs))(jnp.array([1.0, 2.0, 4.0]))
+    m = metrics.finalize(metrics.reduce_stacked(stacked))
+    assert float(m["m"]) == pytest.approx(7 / 3) and (float(m["hi"]), float(m["s"])) == (4.0, 2.0)
+
+
+def test_mismatched_metrics_are_errors():
+    with pytest.raises(ValueError, match="cannot merge a 'mean' metric with a 'max'"):
+        Metric.mean(1.0).merge(Metric.max(1.0))
+    with pytest.raises(ValueError, match="metrics differ"):
+        metrics.combine({"a": Metric.sum(1.0)}, {"b": Metric.sum(1.0)})
+    with pytest.raises(ValueError, match="reduction='avg'"):
+        Metric(jnp.float32(0), jnp.float32(0), "avg")
