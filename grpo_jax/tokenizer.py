@@ -1,7 +1,9 @@
 """One small tokenizer interface over a Hugging Face tokenizer directory or a sentencepiece model.
 
-`encode` never adds special tokens: a chat template (or the caller) places BOS and turn markers,
-so the same text always maps to the same ids. `decode` drops special tokens (rewards read text).
+`encode` follows each tokenizer's own convention: a Hugging Face tokenizer adds the special tokens
+its post-processor adds (Llama: BOS; Qwen: none), unless the text already starts with BOS (a chat
+template wrote it), so BOS is never dropped and never doubled; a sentencepiece model adds none (its
+encoder's default). `decode` drops special tokens (rewards read text).
 A tokenizer without a pad token pads with its end-of-sequence id. `apply_chat_template(messages)`
 (list of {"role", "content"} -> prompt text ending with the assistant turn opener) is None when the
 tokenizer has no chat template.
@@ -39,7 +41,8 @@ class HFTokenizer:
         self.apply_chat_template = self._chat if self._tok.chat_template is not None else None
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
+        bos = self._tok.bos_token
+        return self._tok.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

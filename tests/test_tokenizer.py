@@ -78,3 +78,45 @@ def test_hf_tokenizer_without_chat_template(hf_dir, tmp_path):
     tok.save_pretrained(tmp_path)
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
     assert load(tmp_path).apply_chat_template is None
+
+
+def _word_level(tmp, words, chat, post_processor=None, **special):
+    """A HF tokenizer directory over whitespace-separated `words`, with a chat template."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    if post_processor is not None:
+        tok.post_processor = post_processor
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", **special)
+    fast.chat_template = chat
+    fast.save_pretrained(tmp)
+    return load(tmp)
+
+
+def test_llama_style_tokenizer_keeps_its_bos(tmp_path):
+    """Issue 13.9: Llama's tokenizer adds <|begin_of_text|> (its post-processor); plain prompts keep
+    it (the old encode dropped it), and a chat template that writes BOS itself gets exactly one."""
+    words = ["<|begin_of_text|>", "<|eot_id|>", "<|user|>", "<|assistant|>", "[UNK]", "what", "is", "two", "?"]
+    bos = "<|begin_of_text|>"
+    tok = _word_level(
+        tmp_path, words, "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|eot_id|> "
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}",
+        post_processor=tokenizers.processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 0)]),
+        bos_token=bos, eos_token="<|eot_id|>",
+    )
+    assert tok.encode("what is two ?") == [0, 5, 6, 7, 8]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
+    assert prompt.startswith(bos)
+    assert tok.encode(prompt) == [0, 2, 5, 6, 7, 8, 1, 3]  # one BOS, from the template
+
+
+def test_qwen_style_tokenizer_adds_nothing(tmp_path):
+    """Qwen's tokenizer has no BOS: neither plain text nor a chat prompt gains a token."""
+    words = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]", "user", "assistant", "what", "is", "two", "?"]
+    tok = _word_level(
+        tmp_path, words, "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}",
+        eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    assert tok.encode("what is two ?") == [6, 7, 8, 9]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
+    assert tok.encode(prompt) == [1, 4, 6, 7, 8, 9, 2, 1, 5]
