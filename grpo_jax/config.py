@@ -3,7 +3,7 @@
 A run is one `Config`. Experiment files under `experiments/configs/` are Python that builds one;
 a fork of an experiment is a new config file, never a new flag. `ModelConfig` lives with the model
 (it mirrors a Hugging Face config.json) and `AlgorithmConfig` with the algorithms (its presets are
-the table in shared/ALGORITHMS.md); both are re-exported here.
+the table in docs/presets.md); both are re-exported here.
 """
 
 import dataclasses

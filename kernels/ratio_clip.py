@@ -1,8 +1,10 @@
 """Fused clipped importance-ratio surrogate: a drop-in for
 `grpo_jax.algorithms.ratio.clipped_surrogate` (same arguments, same outputs, same gradients).
 
-With r = exp(log_ratio), rho = min(r, delta) (or r), c = clip(r, 1 - eps_low, 1 + eps_high):
-u = -min(rho A, c A), and with dual clip u = -clip_c A where A < 0 and rho > clip_c.
+With r = exp(x), x the log-ratio clamped to [-20, 20] (as verl and Tunix do: e^20 is already a
+ratio no clip range admits, and the clamp keeps exp finite; no gradient flows through a clamped x),
+rho = min(r, delta) (or r), c = clip(r, 1 - eps_low, 1 + eps_high): u = -min(rho A, c A), and with
+dual clip u = -clip_c A where A < 0 and rho > clip_c.
 The custom VJP keeps only (log_ratio, A) and recomputes the branch choice, so no exp/clip/select
 intermediates are stored for the backward pass. Ties between the two branches (every r inside
 the clip range) split the gradient half/half, as jnp.maximum's does: both halves are equal there.
@@ -29,6 +31,7 @@ LANES = 128
 # Default rows of a [rows, 128] block: TPU VMEM tiles; on GPU 1024 elements, which a Triton program
 # keeps in registers across its five arrays (a 256-row block would spill).
 BLOCK_ROWS = {"tpu": 256, "gpu": 8}
+LOG_RATIO_BOUND = 20.0  # |log-ratio| above this is clamped before exp, in every ratio of the library
 
 
 def ratio_clip(
@@ -62,10 +65,15 @@ def ratio_clip(
     return u, low.astype(bool), high.astype(bool)
 
 
+def clamped_exp(log_ratio):
+    """exp of the log-ratio clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND]: every ratio of the library."""
+    return jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
 def _forward_math(x, a, clip):
     """(u, low, high) with the flags as int32 (kernel-friendly)."""
     eps_low, eps_high, delta, clip_c = clip
-    r = jnp.exp(x)
+    r = clamped_exp(x)
     rho = r if delta is None else jnp.minimum(r, delta)
     c = jnp.clip(r, 1.0 - eps_low, 1.0 + eps_high)
     u = jnp.maximum(-rho * a, -c * a)
@@ -81,14 +89,15 @@ def _forward_math(x, a, clip):
 def _grad_math(x, a, g, clip):
     """(d log_ratio, d advantages) given the cotangent g of u."""
     eps_low, eps_high, delta, clip_c = clip
-    r = jnp.exp(x)
+    inside = jnp.abs(x) < LOG_RATIO_BOUND  # the clamp passes no gradient
+    r = clamped_exp(x)
     rho = r if delta is None else jnp.minimum(r, delta)
     c = jnp.clip(r, 1.0 - eps_low, 1.0 + eps_high)
     unclipped, clipped = -rho * a, -c * a
     w = jnp.where(unclipped > clipped, 1.0, jnp.where(unclipped == clipped, 0.5, 0.0))
     d_rho = r if delta is None else jnp.where(r < delta, r, 0.0)
     d_c = jnp.where((r > 1.0 - eps_low) & (r < 1.0 + eps_high), r, 0.0)
-    dx = -a * (w * d_rho + (1.0 - w) * d_c)
+    dx = jnp.where(inside, -a * (w * d_rho + (1.0 - w) * d_c), 0.0)
     da = -(w * rho + (1.0 - w) * c)
     if clip_c is not None:
         dual = (a < 0) & (rho > clip_c)

@@ -1,52 +1,19 @@
-"""Advantage estimators against hand arithmetic and a float64 NumPy reference (a loop over groups)."""
+"""Every registered advantage estimator against hand arithmetic and the float64 reference of
+grpo_jax.algorithms.reference (a loop over groups); zero-spread groups get exactly 0."""
+
+import math
 
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages, overlong_penalty
+from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages, overlong_penalty, reference
 
 EPS = 1e-6
 
 
 def cfg(name, **kw):
     return AlgorithmConfig(advantage=name, adv_eps=EPS, **kw)
-
-
-# ----------------------------------------------------------------------------- NumPy reference
-def np_estimate(name, r, groups, lengths):
-    out = np.zeros_like(r)
-    for g in np.unique(groups):
-        idx = np.flatnonzero(groups == g)
-        rg, size = r[idx], len(idx)
-        if name == "group_std":
-            out[idx] = (rg - rg.mean()) / (rg.std(ddof=1) + EPS)
-        elif name == "group_mean":
-            out[idx] = rg - rg.mean()
-        elif name == "rloo":
-            out[idx] = [rg[i] - np.delete(rg, i).mean() for i in range(size)]
-        elif name == "opo":
-            lg = lengths[idx]
-            out[idx] = rg - (lg * rg).sum() / lg.sum()
-        elif name == "batch_std":
-            out[idx] = (rg - rg.mean()) / (r.std(ddof=1) + EPS)
-        else:
-            raise KeyError(f"no NumPy reference for advantage {name!r}: add one here")
-    return out
-
-
-def np_advantages(c, rewards, groups, lengths, weights=None):
-    rewards = rewards.reshape(len(rewards), -1)
-    w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights)
-    if c.reward_combine == "sum_then_normalize":
-        adv = np_estimate(c.advantage, rewards @ w, groups, lengths)
-    else:
-        s = sum(wk * np_estimate(c.advantage, rewards[:, k], groups, lengths) for k, wk in enumerate(w))
-        adv = (s - s.mean()) / (s.std(ddof=1) + EPS)
-    if c.gpg_scale:
-        valid = np.array([np.ptp(rewards[groups == g], axis=0).any() for g in groups])
-        adv = adv * len(adv) / max(valid.sum(), 1)
-    return adv
 
 
 def random_rewards(seed, n_groups=4, g=3, k=1):
@@ -66,7 +33,7 @@ def test_estimators_match_numpy(name, weights, options):
     rewards, lengths = random_rewards(hash((name, str(weights), str(options))) % 1000, k=k)
     groups = np.arange(len(rewards)) // 3
     got = compute_advantages(c, rewards if k > 1 else rewards[:, 0], group_size=3, lengths=lengths, reward_weights=weights)
-    want = np_advantages(c, rewards.astype(np.float64), groups, lengths, weights)
+    want = reference.compute_advantages(c, rewards.astype(np.float64), groups, lengths, weights)
     assert got.dtype == np.float32 and got.shape == (len(rewards),)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -125,6 +92,8 @@ def test_user_errors():
         compute_advantages(cfg("rloo"), r)
     with pytest.raises(ValueError, match="do not split"):
         compute_advantages(cfg("rloo"), r, group_size=3)
+    with pytest.raises(KeyError, match="unknown advantage 'grpo'"):
+        ADVANTAGES["grpo"]
     with pytest.raises(ValueError, match="needs lengths"):
         compute_advantages(cfg("opo"), r, group_size=2)
     with pytest.raises(ValueError, match="reward_weights"):
@@ -140,3 +109,48 @@ def test_overlong_penalty_is_dapos(frac, kappa, expected):
     lengths = np.array([0, 12, 13, 14, 16, 20])
     c = cfg("group_std", overlong_buffer_frac=frac, overlong_kappa=kappa)
     np.testing.assert_allclose(overlong_penalty(c, lengths, 16), expected, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(ADVANTAGES))
+@pytest.mark.parametrize("combine", ["sum_then_normalize", "normalize_then_sum"])
+def test_zero_spread_groups_get_exactly_zero(name, combine):
+    """Rewards equal within a group but not dyadic (0.7, 0.3) leave a float32 residue in R - mean;
+    every estimator must give exactly 0 there (the old code gave |A| = 0.056 to eight 0.7s with
+    group_std, and 0.91 after normalize_then_sum's batch standardization of residues)."""
+    c = cfg(name, reward_combine=combine)
+    rewards = np.array([[0.7, 0.3]] * 8 + [[0.3, 0.7]] * 8, np.float32)  # two groups of 8, each constant
+    cols, weights = (rewards, (1.0, 0.3)) if combine == "normalize_then_sum" else (rewards[:, 0], None)
+    adv = np.asarray(compute_advantages(c, cols, group_size=8, lengths=np.arange(1, 17), reward_weights=weights))
+    assert (adv == 0).all(), adv
+    # next to an informative group, a zero-spread group still gets exactly 0
+    mixed = rewards.copy()
+    mixed[8:12] = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
+    cols = mixed if combine == "normalize_then_sum" else mixed[:, 0]
+    adv = np.asarray(compute_advantages(c, cols, group_size=8, lengths=np.arange(1, 17), reward_weights=weights))
+    assert (adv[:8] == 0).all() and (adv[8:] != 0).any(), adv
+
+
+def test_gpg_scale_counts_groups_by_the_combined_reward():
+    """Two reward columns that vary within a group but sum to a constant: the combined reward has no
+    spread, so the group is not valid for N / N_valid (the old code counted it, from the columns)."""
+    c = cfg("group_mean", gpg_scale=True)
+    rewards = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]], np.float32)  # group 2: (1, 0) vs (0, 0)
+    adv = compute_advantages(c, rewards, group_size=2, reward_weights=(1.0, 1.0))
+    # group 1 combined (1, 1): A = 0; group 2 combined (1, 0): A = (0.5, -0.5) x N / N_valid = 4 / 2
+    np.testing.assert_allclose(adv, [0, 0, 1.0, -1.0], atol=1e-6)
+
+
+def test_beta_norm_by_hand():
+    """BNPO: four groups of two with 0/1 rewards; group means p = (0.5, 0.5, 1, 0): m = 1/2,
+    var (ddof 1) = (0 + 0 + 1/4 + 1/4) / 3 = 1/6, m (1 - m) / var - 1 = 1/2, a = b = 1/4 ->
+    alpha = beta = 1 + 1/12; A = (R - p) / pdf(p) for the groups with spread, 0 for the others."""
+    rewards = np.array([1, 0, 0, 1, 1, 1, 0, 0], np.float32)
+    adv = np.asarray(compute_advantages(cfg("beta_norm"), rewards, group_size=2))
+    alpha = 1 + 1 / 12
+    pdf = 0.5 ** (alpha - 1) * 0.5 ** (alpha - 1) / math.exp(2 * math.lgamma(alpha) - math.lgamma(2 * alpha))
+    np.testing.assert_allclose(adv, np.array([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]) / pdf, rtol=1e-5)
+    # one group (no fit: uniform density): A = R - p
+    np.testing.assert_allclose(compute_advantages(cfg("beta_norm"), rewards[:2], group_size=2), [0.5, -0.5], rtol=1e-5)
+    # rewards outside [0, 1] are mapped by the batch range first: (3, 1) -> (1, 0)
+    np.testing.assert_allclose(compute_advantages(cfg("beta_norm"), np.array([3.0, 1.0]), group_size=2), [0.5, -0.5],
+                               rtol=1e-5)

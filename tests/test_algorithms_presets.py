@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms import PRESETS, AlgorithmConfig, compute_advantages, finalize_metrics, normalizer, policy_loss
+from grpo_jax import metrics
+from grpo_jax.algorithms import PRESETS, AlgorithmConfig, compute_advantages, normalizer, policy_loss
 from grpo_jax.algorithms.presets_doc import PATH, presets_markdown
 
 
@@ -22,10 +23,10 @@ def test_every_preset_runs_one_loss_evaluation(preset):
                              lengths=mask.sum(1))
     ref = logp - 0.1 if cfg.beta > 0 else None
     nz = normalizer(cfg, mask, t)
-    (loss, metrics), grad = jax.jit(jax.value_and_grad(
+    (loss, m), grad = jax.jit(jax.value_and_grad(
         lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=nz, ref_logp=ref), has_aux=True))(logp)
     assert np.isfinite(loss) and np.isfinite(grad).all() and np.abs(grad).sum() > 0
-    assert all(np.isfinite(v) for v in finalize_metrics(metrics).values())
+    assert all(np.isfinite(v) for v in metrics.finalize(m).values())
 
 
 def test_presets_doc_is_generated():
@@ -50,9 +51,21 @@ def test_overrides():
     (dict(loss="gspo", aggregation="token_mean"), "weight completions by length"),
     (dict(loss="gmpo", aggregation="seq_mean_token_mean"), "aggregation='seq_mean'"),
     (dict(aggregation="seq_mean"), "seq_mean_token_mean"),
-    (dict(loss="gspo", aggregation="seq_mean", tis_level="token"), "tis_level='sequence'"),
-    (dict(loss="sapo", clip_c=3.0), "delta/clip_c apply to"),
+    (dict(loss="gspo", aggregation="seq_mean", tis_level="token"), "tis_level='sequence' or 'geometric'"),
+    (dict(loss="sapo", clip_c=3.0), r"loss='sapo' does not read clip_c=3.0 \(only \['ppo_clip', 'gspo'"),
+    (dict(loss="sapo", eps_high=0.28), "does not read eps_high"),
+    (dict(loss="ppo_clip", kl_cov_coef=2.0), r"does not read kl_cov_coef=2.0 \(only \['kl_cov'\]"),
     (dict(loss="cispo", aggregation="token_mean", ratio_impl="pallas"), "ratio_impl='pallas' picks how"),
+    (dict(loss="gspo", aggregation="seq_mean", top_entropy_quantile=0.5), "top_entropy_quantile selects tokens"),
+    (dict(top_entropy_quantile=0.0), "top_entropy_quantile=0.0"),
+    (dict(tis_level="tokens"), "tis_level='tokens' is unknown"),
+    (dict(tis_level="token", tis_mode="clip"), "tis_mode='clip' is unknown; known: 'truncate', 'mask', 'icepop'"),
+    (dict(tis_mode="mask"), "act only with a tis_level"),
+    (dict(tis_cap=3.0), "act only with a tis_level"),
+    (dict(tis_level="token", tis_mode="icepop", tis_cap=0.5), "tis_cap=0.5 must be > 1"),
+    (dict(off_policy_threshold=-1.0), "off_policy_threshold=-1.0"),
+    (dict(loss="clip_cov", clip_cov_lb=5.0), "clip_cov_lb=5.0 < clip_cov_ub=5.0"),
+    (dict(loss="kl_cov", kl_cov_ratio=0.0), "kl_cov_ratio=0.0"),
     (dict(delta=1.1), "delta=1.1 must exceed"),
     (dict(clip_c=0.9), "clip_c=0.9 must be > 1"),
     (dict(eps_low=1.0), "eps_low=1.0"),
@@ -73,3 +86,14 @@ def test_bad_preset_and_fields():
         AlgorithmConfig.from_preset("grpo", epsilon=0.2)
     with pytest.raises(ValueError, match="weight completions by length"):
         dataclasses.replace(AlgorithmConfig.from_preset("gspo"), aggregation="token_mean")
+
+
+def test_rloo_sums_the_log_probs_of_a_completion():
+    """RLOO (and TRL's RLOOTrainer) weights each completion by its summed token log-prob: the loss is
+    (1/N) sum_i -A_i sum_t l_{i,t}, not a per-completion token mean (the old preset)."""
+    cfg = AlgorithmConfig.from_preset("rloo")
+    logp = np.array([[-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]], np.float32)
+    mask = np.array([[1, 1, 1], [1, 0, 0]], np.float32)
+    adv = np.array([1.0, -1.0], np.float32)
+    loss, _ = policy_loss(cfg, logp, logp, adv, mask, normalizer=normalizer(cfg, mask, 3))
+    assert float(loss) == pytest.approx((6.0 - 1.0) / 2)

@@ -1,29 +1,24 @@
-"""The GRPO family (shared/ALGORITHMS.md): advantages, policy losses, KL, aggregation, presets.
+"""The GRPO family (docs/algorithms.md): advantages, policy losses, KL, aggregation, rollout
+correction, step-level statistics, presets.
 
-Registries map names to functions (ADVANTAGES, LOSSES); a new variant is one function plus its
-`@advantage(...)` / `@loss(...)` line, and the tests iterate over the registries.
+Registries map names to entries that carry each variant's capabilities and float64 reference
+(ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS); a new variant is one function plus its
+`@advantage(...)` / `@loss(...)` / `@aggregation(...)` / `@kl_estimator(...)` line, and the tests
+iterate over the registries (docs/algorithms.md, "How to add a variant").
 """
 
 from grpo_jax.algorithms.advantages import ADVANTAGES, advantage, compute_advantages, overlong_penalty
+from grpo_jax.algorithms.aggregation import AGGREGATIONS, Normalizer, aggregation, normalizer
 from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig
-from grpo_jax.algorithms.losses import (
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    LOSSES,
-    SEQUENCE_LOSSES,
-    Normalizer,
-    combine_metrics,
-    finalize_metrics,
-    kl_penalty,
-    loss,
-    normalizer,
-    policy_loss,
-)
+from grpo_jax.algorithms.kl import KL_ESTIMATORS, kl_estimator
+from grpo_jax.algorithms.losses import LOSSES, LossInputs, LossTerms, loss
+from grpo_jax.algorithms.objective import policy_loss
 from grpo_jax.algorithms.ratio import clipped_surrogate
+from grpo_jax.algorithms.step_stats import StepStats, needs_step_stats, step_stats
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "SEQUENCE_LOSSES",
-    "AlgorithmConfig", "Normalizer", "advantage", "clipped_surrogate", "combine_metrics",
-    "compute_advantages", "finalize_metrics", "kl_penalty", "loss", "normalizer", "overlong_penalty",
-    "policy_loss",
+    "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "AlgorithmConfig", "LossInputs",
+    "LossTerms", "Normalizer", "StepStats", "advantage", "aggregation", "clipped_surrogate",
+    "compute_advantages", "kl_estimator", "loss", "needs_step_stats", "normalizer", "overlong_penalty",
+    "policy_loss", "step_stats",
 ]

@@ -1,0 +1,109 @@
+"""Shared inputs of the algorithm tests: configurations built from the registries, random batches,
+the jitted policy loss and its float64 reference (`grpo_jax.algorithms.reference`).
+
+A newly registered loss is covered by every registry-wide test without touching this file; only a
+new loss field that needs a non-default value to exercise both branches of the loss goes into
+`TEST_FIELDS`.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.algorithms import AGGREGATIONS, LOSSES, AlgorithmConfig, needs_step_stats, normalizer, policy_loss, step_stats
+from grpo_jax.algorithms import reference
+
+LMAX = 8
+# Values of loss fields that make both branches of each loss occur on the random batches below
+# (clip ranges narrower than the noise, a covariance band and fractions that select a few tokens).
+TEST_FIELDS = dict(eps_low=0.1, eps_high=0.15, eps_max=1.1, clip_cov_ratio=0.25, clip_cov_lb=0.0,
+                   clip_cov_ub=1.0, kl_cov_ratio=0.25)
+INPUTS = ("logp", "old_logp", "advantages", "mask", "ref_logp", "sampler_logp", "entropy", "priority")
+
+
+def aggregations_for(name):
+    return tuple(a for a, spec in AGGREGATIONS.items() if spec.unit == LOSSES[name].unit)
+
+
+def default_aggregation(name):
+    return "seq_mean" if LOSSES[name].unit == "sequence" else "token_mean"
+
+
+def cfg_for(name, aggregation=None, **overrides):
+    """A config of loss `name` with TEST_FIELDS for the fields it reads, beta = 0, then `overrides`."""
+    reads = {k: v for k, v in TEST_FIELDS.items() if k in LOSSES[name].clip_fields}
+    return AlgorithmConfig(**{"loss": name, "aggregation": aggregation or default_aggregation(name), "beta": 0.0,
+                              **reads, **overrides})
+
+
+def make_batch(seed=0, shape=(5, 6), noise=0.15, token_adv=False, density=0.75, fixed_rows=True):
+    """float32 inputs of policy_loss; with `fixed_rows` row 0 is empty and row 1 full."""
+    rng = np.random.default_rng(seed)
+    b, t = shape
+    mask = (rng.random((b, t)) < density).astype(np.float32)
+    if fixed_rows and b > 1:
+        mask[0], mask[1] = 0.0, 1.0  # an empty completion contributes 0, never NaN
+    logp = -np.abs(rng.normal(1.0, 0.5, (b, t)))
+    old = logp + rng.normal(0, noise, (b, t))
+    x = dict(
+        logp=logp,
+        old_logp=old,
+        advantages=rng.normal(size=(b, t) if token_adv else (b,)),
+        mask=mask,
+        ref_logp=logp + rng.normal(0, 0.2, (b, t)),
+        sampler_logp=old + rng.normal(0, 0.05, (b, t)),
+        entropy=np.abs(rng.normal(1.0, 0.5, (b, t))),
+    )
+    x = {k: v.astype(np.float32) for k, v in x.items()}
+    x["priority"] = rng.permutation(b * t).reshape(b, t).astype(np.int32)
+    return x
+
+
+def stats_for(cfg, x):
+    """The step statistics of batch x (None when the config needs none)."""
+    if not needs_step_stats(cfg):
+        return None
+    return step_stats(cfg, x["logp"], x["old_logp"], x["advantages"], x["mask"], x["entropy"], x["priority"])
+
+
+@functools.cache
+def loss_and_grad(cfg):
+    """jit(value_and_grad) of policy_loss w.r.t. logp: f(x, normalizer, stats) -> ((loss, metrics), grad)."""
+
+    def f(logp, x, nz, stats):
+        return policy_loss(cfg, logp, x["old_logp"], x["advantages"], x["mask"], ref_logp=x["ref_logp"],
+                           sampler_logp=x["sampler_logp"], entropy=x["entropy"], normalizer=nz, stats=stats)
+
+    fn = jax.jit(jax.value_and_grad(f, has_aux=True))
+    return lambda x, nz, stats: fn(x["logp"], x, nz, stats)
+
+
+def run(cfg, x, nz=None, stats="auto"):
+    """(loss, grad, metrics) as numpy / Metric; normalizer and stats of x itself unless given."""
+    x = {k: jnp.asarray(v) for k, v in x.items()}
+    nz = normalizer(cfg, x["mask"], LMAX) if nz is None else nz
+    stats = stats_for(cfg, x) if isinstance(stats, str) else stats
+    (loss, metrics), grad = loss_and_grad(cfg)(x, nz, stats)
+    return np.asarray(loss), np.asarray(grad), metrics
+
+
+def reference_loss(cfg, x):
+    """(loss, clip fractions, gradient) of the float64 reference on the same inputs."""
+    x64 = {k: np.asarray(v, np.float64) if k != "priority" else np.asarray(v) for k, v in x.items()}
+    args = (x64["old_logp"], x64["advantages"], x64["mask"])
+    kw = dict(ref_logp=x64["ref_logp"], sampler_logp=x64["sampler_logp"], entropy=x64["entropy"],
+              priority=x64["priority"], max_completion_len=LMAX)
+    loss, fractions = reference.policy_loss(cfg, x64["logp"], x64["logp"], *args, **kw)
+    return loss, fractions, reference.policy_loss_grad(cfg, x64["logp"], *args, **kw)
+
+
+def rows(x, index):
+    """The rows `index` of every input (a micro-batch)."""
+    return {k: v[index] for k, v in x.items()}
+
+
+def replace(cfg, **kw):
+    return dataclasses.replace(cfg, **kw)
