@@ -66,7 +66,7 @@ def warm_start(cfg, t: trainer.Trainer) -> tuple[object, list[dict]]:
     for i, batch in enumerate(sft_batches(cfg, t.task.tokenizer), 1):
         params, opt_state, loss = step(params, opt_state, *batch)
         if i % SFT_EVAL_EVERY == 0 or i == SFT_MAX_STEPS:
-            t.state = ts.TrainState(params, t.state.opt_state, t.state.step, t.state.skipped)
+            t.state = dataclasses.replace(t.state, params=params)
             acc = t.evaluate()["eval/accuracy_greedy"]
             log.append({"sft_step": i, "loss": float(loss), "accuracy_greedy": acc})
             print(f"warm start step {i}: loss {float(loss):.3f}, held-out greedy accuracy {acc:.1%}")

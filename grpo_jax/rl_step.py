@@ -15,6 +15,7 @@ import optax
 from jaxtyping import Array, Bool, Float, Int, Key
 
 from grpo_jax import algorithms, sampling
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config
 
@@ -70,7 +71,7 @@ def rl_step(
     state, metrics = jax.lax.scan(update, state, jnp.tile(jnp.arange(k), alg.num_iterations))
     grouped = rewards.reshape(-1, g)
     return state, {
-        **{n: (v.max() if n.endswith("_max") else v.min() if n.endswith("_min") else v.mean()) for n, v in metrics.items()},
+        **metrics_lib.finalize(metrics_lib.reduce_stacked(metrics)),  # updates merged by their weights
         "reward/mean": rewards.mean(),
         "accuracy": rewards.mean(),
         "groups/zero_variance_frac": jnp.mean(grouped.max(1) == grouped.min(1)),
@@ -84,6 +85,7 @@ def jit_rl_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, stat
     Options that need the host or a reference model are rejected here, before compiling.
     """
     alg = cfg.algorithm
+    ts.check(cfg)
     if alg.dynamic_sampling or alg.beta > 0 or alg.overlong_buffer_frac:
         raise ValueError(
             "the fused rl_step supports neither algorithm.dynamic_sampling, beta > 0 nor overlong "

@@ -3,9 +3,16 @@
 One call is one optimizer update on a minibatch of rollouts. The minibatch is split into
 `micro_batches` slices run under `lax.scan`; each slice's loss is its exact share of the minibatch
 loss (one `algorithms.Normalizer` for the whole minibatch), so gradients and metrics equal those of
-the unsplit minibatch. Log-probs come from the final hidden states through
-`kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training. A non-finite loss or
-gradient leaves params and optimizer state untouched and increments `TrainState.skipped`.
+the unsplit minibatch. Variants that decide over the whole minibatch (`algorithms.needs_step_stats`:
+Clip-Cov, KL-Cov, top-entropy selection) get one no-grad pass over every micro-batch first, and
+their decisions split with the rows. Log-probs come from the final hidden states through
+`kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training.
+
+An update is not applied (params, optimizer state and step untouched) when its minibatch has no
+counted token (`TrainState.empty`, metric `empty_updates`) or when the loss, the gradient or the
+updated parameters / optimizer state are not finite (`TrainState.skipped`, metric `skipped_updates`,
+and the first failing check as `nonfinite_loss`, `nonfinite_grad` or `nonfinite_params`). Metrics
+are `grpo_jax.metrics.Metric`s: counters are sums, so merging a step's updates adds them.
 """
 
 import dataclasses
@@ -18,7 +25,12 @@ from jaxtyping import Array, Float, Int, PyTree
 
 import kernels
 from grpo_jax import algorithms, models, sharding
+from grpo_jax import metrics as metrics_lib
 from grpo_jax.config import Config, OptimConfig
+from grpo_jax.metrics import Metric
+
+# Per-update flags, summed over a step's updates: why an update was not applied.
+SKIP_CAUSES = ("nonfinite_loss", "nonfinite_grad", "nonfinite_params")
 
 
 @jax.tree_util.register_dataclass
@@ -41,7 +53,8 @@ class TrainState:
     params: PyTree
     opt_state: PyTree
     step: Int[Array, ""]  # optimizer updates applied
-    skipped: Int[Array, ""]  # updates skipped for a non-finite loss or gradient
+    skipped: Int[Array, ""]  # updates skipped for a non-finite loss, gradient or update
+    empty: Int[Array, ""]  # updates skipped for a minibatch without counted tokens
 
 
 def learning_rate(cfg: OptimConfig, total_updates: int) -> optax.Schedule:
@@ -63,7 +76,19 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
 
 
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    step, skipped, empty = (jnp.zeros((), jnp.int32) for _ in range(3))  # three buffers: the state is donated
+    return TrainState(params, optimizer.init(params), step, skipped, empty)
+
+
+def check(cfg: Config) -> None:
+    """Errors of the update schedule a user can cause, raised before anything compiles."""
+    alg, tr = cfg.algorithm, cfg.train
+    if not algorithms.LOSSES[alg.loss].ratio and tr.minibatches > 1:
+        raise ValueError(
+            f"algorithm.loss={alg.loss!r} has no importance ratio, so minibatches 2..{tr.minibatches} of a "
+            "rollout batch would train on samples of an older policy without correction; use "
+            "train.minibatches=1 (and grow train.micro_batches for memory) or a ratio loss (e.g. ppo_clip)."
+        )
 
 
 def sequences(
@@ -113,7 +138,7 @@ def completion_logprobs(
     return out.reshape(batch, new), None
 
 
-def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer):
+def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
     # Entropy is reported every step, not only when it is a loss term.
     logp, entropy = logprobs(params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
@@ -131,20 +156,40 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer):
         sampler_logp=batch.sampler_logp,
         entropy=entropy,
         normalizer=normalizer,
+        stats=stats,
     )
 
 
-def _micro_batches(batch: Batch, k: int) -> Batch:
+def _micro_batches(tree, k: int):
     """[B, ...] -> [k, B/k, ...], slice j holding rows j, j+k, ... (each device keeps its rows)."""
     def split(x):
         return jnp.moveaxis(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 1, 0)
 
-    return jax.tree.map(split, batch)
+    return jax.tree.map(split, tree)
 
 
-def _identity(name: str) -> Float[Array, ""]:
-    """The neutral element of `algorithms.combine_metrics` for a metric of this name."""
-    return jnp.float32(-jnp.inf if name.endswith("_max") else jnp.inf if name.endswith("_min") else 0.0)
+def _unsplit(x):
+    """The inverse of `_micro_batches` for one array."""
+    return jnp.moveaxis(x, 0, 1).reshape(-1, *x.shape[2:])
+
+
+def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algorithms.StepStats:
+    """The no-grad pass over every micro-batch, then the step's decisions on the whole minibatch.
+
+    Clip-Cov's random choice comes from a permutation keyed by (train.seed, state.step)."""
+    def forward(mb):
+        return completion_logprobs(cfg.model, cfg.sampling.temperature, params, mb.tokens, mb.positions,
+                                   mb.segment_ids, mb.mask, True)
+
+    logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
+    key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
+    priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
+    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority)
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
 
 def train_step(
@@ -153,8 +198,9 @@ def train_step(
     state: TrainState,
     ref_params: PyTree | None,
     batch: Batch,
-) -> tuple[TrainState, dict[str, Float[Array, ""]]]:
-    """One optimizer update on `batch` (pure; `jit_train_step` compiles it)."""
+) -> tuple[TrainState, dict[str, Metric]]:
+    """One optimizer update on `batch` (pure; `jit_train_step` compiles it). Returns the new state and
+    the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates)."""
     k = cfg.train.micro_batches
     if batch.advantages.shape[0] % k:
         raise ValueError(
@@ -162,43 +208,45 @@ def train_step(
             f"train.micro_batches={k}; choose a divisor"
         )
     normalizer = algorithms.normalizer(cfg.algorithm, batch.mask, cfg.sampling.max_new_tokens)
+    micro = _micro_batches(batch, k)
+    stats = None
+    if algorithms.needs_step_stats(cfg.algorithm):
+        stats = _micro_batches(_step_stats(cfg, state.params, batch, micro, state.step), k)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
-    def accumulate(carry, micro):
-        grads, loss, metrics = carry
-        (l, m), g = grad_fn(state.params, ref_params, micro, normalizer)
-        return (
-            jax.tree.map(jnp.add, grads, g),
-            loss + l,
-            algorithms.combine_metrics(metrics, m),
-        ), None
+    def accumulate(grads, xs):
+        mb, mb_stats = xs
+        (loss, metrics), g = grad_fn(state.params, ref_params, mb, normalizer, mb_stats)
+        return jax.tree.map(jnp.add, grads, g), (loss, metrics)
 
-    micro = _micro_batches(batch, k)
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    shapes = jax.eval_shape(grad_fn, state.params, ref_params, jax.tree.map(lambda x: x[0], micro), normalizer)
-    metrics0 = {name: (_identity(name), jnp.zeros((), jnp.float32)) for name in shapes[0][1]}
-    (grads, loss, metrics), _ = jax.lax.scan(
-        accumulate, (zero_grads, jnp.zeros((), jnp.float32), metrics0), micro
-    )
+    grads, (losses, metrics) = jax.lax.scan(accumulate, zero_grads, (micro, stats))
+    loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
 
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+    empty = normalizer.num_tokens == 0
+    apply, causes = ~empty, {}
+    for name, ok in zip(SKIP_CAUSES, (jnp.isfinite(loss), jnp.isfinite(grad_norm), _all_finite((params, opt_state)))):
+        causes[name] = apply & ~ok  # only the first check that fails is named
+        apply = apply & ok
+    skipped = ~empty & ~apply
+    keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(apply, new, old))
     new_state = TrainState(
         params=keep(params, state.params),
         opt_state=keep(opt_state, state.opt_state),
-        step=state.step + finite.astype(jnp.int32),
-        skipped=state.skipped + (~finite).astype(jnp.int32),
+        step=state.step + apply.astype(jnp.int32),
+        skipped=state.skipped + skipped.astype(jnp.int32),
+        empty=state.empty + empty.astype(jnp.int32),
     )
-    metrics = {
-        **algorithms.finalize_metrics(metrics),
-        "loss": loss,
-        "grad_norm": grad_norm,
-        "skipped_updates": new_state.skipped.astype(jnp.float32),
-    }
+    metrics.update({
+        "grad_norm": Metric.mean(grad_norm, ~empty),
+        "skipped_updates": Metric.sum(skipped),
+        "empty_updates": Metric.sum(empty),
+        **{name: Metric.sum(flag) for name, flag in causes.items()},
+    })
     return new_state, metrics
 
 
@@ -228,6 +276,7 @@ def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh
     Cached on (config, schedule length, mesh), so runs that share them (a resume in the same
     process, a sweep over seeds) share one compilation.
     """
+    check(cfg)
     optimizer = make_optimizer(cfg.optim, total_updates)
     params = jax.eval_shape(lambda key: models.init(cfg.model, key), jax.random.key(0))
     state = jax.eval_shape(lambda p: init_state(p, optimizer), params)

@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
 from grpo_jax import logging as run_logging
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions
 
@@ -156,7 +157,11 @@ class Trainer:
         )
 
     def rollout_batch(self, rng) -> tuple[tuple[np.ndarray, ...], dict]:
-        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled)."""
+        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled).
+
+        A group is informative when its completions differ in correctness (0 < correct < G, the DAPO
+        paper's condition), or, for a task without a correctness reward, in total reward; dynamic
+        sampling keeps only those, and `groups/zero_variance_frac` counts the others."""
         cfg, alg, g = self.cfg, self.cfg.algorithm, self.cfg.sampling.group_size
         want = cfg.train.prompts_per_step
         shaping = alg.overlong_buffer_frac > 0
@@ -173,8 +178,9 @@ class Trainer:
             if shaping:  # one more reward column, of weight 1
                 pen = np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))
                 scores = np.concatenate([scores, pen[:, None]], axis=1)
-            total = (scores @ weights).reshape(-1, g)
-            keep = np.ptp(total, axis=1) > 0 if alg.dynamic_sampling else np.ones(len(total), bool)
+            signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
+            s["informative"] = np.ptp(signal.reshape(-1, g), axis=1) > 0
+            keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
             drawn.append(s)
             kept += [(s, i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
@@ -232,14 +238,13 @@ class Trainer:
         return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
-        g = self.cfg.sampling.group_size
         lengths = np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])
         truncated = np.concatenate([np.asarray(s["rollout"].truncated) for s in drawn])
         total = np.concatenate([s["rewards"] @ np.asarray(self.cfg.reward.weights, np.float32) for s in drawn])
         m = {
             "reward/mean": float(total.mean()),
             "reward/std": float(total.std()),
-            "groups/zero_variance_frac": float((np.ptp(total.reshape(-1, g), axis=1) == 0).mean()),
+            "groups/zero_variance_frac": float(1.0 - np.concatenate([s["informative"] for s in drawn]).mean()),
             "groups/kept": float(len(kept)),
             "groups/gen_rounds": float(rounds),
             "completion/length_mean": float(lengths.mean()),
@@ -270,13 +275,12 @@ class Trainer:
             for mb in batches:
                 lr = float(self.schedule(int(self.state.step)))
                 self.state, m = self.update(self.state, self.ref_params, mb)
-                updates.append({**m, "learning_rate": lr})
+                updates.append({**m, "learning_rate": metrics_lib.Metric.mean(lr)})
         updates = jax.device_get(updates)
         t2 = time.perf_counter()
-        for name in updates[0]:
-            values = [float(u[name]) for u in updates]
-            reduce = max if name.endswith("_max") else min if name.endswith("_min") else np.mean
-            metrics[name] = float(reduce(values))
+        # Updates merge by their weights: counters add, means weigh by what they average over.
+        metrics.update({k: float(v) for k, v in metrics_lib.finalize(metrics_lib.combine_all(updates)).items()})
+        updates = [{k: float(v) for k, v in metrics_lib.finalize(u).items()} for u in updates]
         train_tokens = float(host[3].sum()) * self.cfg.algorithm.num_iterations
         metrics.update({
             "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,

@@ -1,14 +1,17 @@
 """The jitted train step against an unjitted full-logits reference with a hand-written AdamW."""
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from grpo_jax import algorithms, models, sharding
+from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
 
@@ -21,13 +24,13 @@ OPTIM = OptimConfig(learning_rate=1e-3, weight_decay=0.1, eps=1e-4, max_grad_nor
 B, PROMPT, NEW = 8, 5, 6
 
 
-def config(preset: str, micro_batches: int = 2) -> Config:
+def config(preset: str, micro_batches: int = 2, minibatches: int = 1, **algorithm) -> Config:
     return Config(
         model=MODEL,
         sampling=SamplingConfig(max_prompt_len=PROMPT, max_new_tokens=NEW, group_size=4, temperature=0.7),
-        algorithm=algorithms.AlgorithmConfig.from_preset(preset),
+        algorithm=algorithms.AlgorithmConfig.from_preset(preset, **algorithm),
         optim=OPTIM,
-        train=TrainConfig(micro_batches=micro_batches),
+        train=TrainConfig(micro_batches=micro_batches, minibatches=minibatches),
     )
 
 
@@ -69,15 +72,23 @@ def reference_logprobs(params, tokens, positions, segments, temperature):
     return logp, -(jnp.exp(logz) * logz).sum(-1)
 
 
-def reference_loss(cfg: Config, params, ref_params, batch: ts.Batch):
+def reference_loss(cfg: Config, params, ref_params, batch: ts.Batch, step: int = 0):
+    """The unsplit batch's loss from full logits; step statistics (if the config needs them) from the
+    same log-probs, with the documented random priority (a permutation keyed by seed and step)."""
     logp, entropy = reference_logprobs(params, batch.tokens, batch.positions, batch.segment_ids, cfg.sampling.temperature)
     ref = None
     if ref_params is not None:
         ref = reference_logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, cfg.sampling.temperature)[0]
+    stats = None
+    if algorithms.needs_step_stats(cfg.algorithm):
+        key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
+        priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
+        stats = algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy,
+                                      priority)
     loss, _ = algorithms.policy_loss(
         cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, ref_logp=ref,
         sampler_logp=batch.sampler_logp, entropy=entropy,
-        normalizer=algorithms.normalizer(cfg.algorithm, batch.mask, NEW),
+        normalizer=algorithms.normalizer(cfg.algorithm, batch.mask, NEW), stats=stats,
     )
     return loss
 
@@ -141,6 +152,7 @@ def test_jitted_step_equals_unjitted_reference(preset, mesh, params, rollouts):
     step, state = compiled(preset, mesh, params)
     for t, (loss, norm, p_ref) in enumerate(reference_trajectory(preset, params, rollouts), 1):
         state, metrics = step(state, ref_params, batch)
+        metrics = metrics_lib.finalize(metrics)
         np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
         if t == 1:  # gradient clipping and ratio clipping are both exercised
@@ -148,7 +160,13 @@ def test_jitted_step_equals_unjitted_reference(preset, mesh, params, rollouts):
             assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1
         for got, want in zip(jax.tree.leaves(state.params), p_ref):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
-    assert int(state.step) == 2 and int(state.skipped) == 0
+    assert int(state.step) == 2 and int(state.skipped) == 0 and int(state.empty) == 0
+
+
+def assert_untouched(before, after):
+    """Params and optimizer state equal, bit for bit."""
+    for a, b in zip(jax.tree.leaves((before.params, before.opt_state)), jax.tree.leaves((after.params, after.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_non_finite_update_is_skipped_and_counted(params, rollouts):
@@ -159,13 +177,70 @@ def test_non_finite_update_is_skipped_and_counted(params, rollouts):
         before = jax.device_get(state)
         bad = dataclasses.replace(batch, advantages=batch.advantages.at[0].set(poison))
         state, metrics = step(state, None, bad)
-        assert not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"])
-        assert int(state.skipped) == skipped and int(state.step) == 1 and metrics["skipped_updates"] == skipped
-        for a, b in zip(jax.tree.leaves(before.params) + jax.tree.leaves(before.opt_state),
-                        jax.tree.leaves(state.params) + jax.tree.leaves(state.opt_state)):
-            np.testing.assert_array_equal(a, np.asarray(b))  # params and optimizer state untouched
+        m = metrics_lib.finalize(metrics)
+        assert not np.isfinite(m["loss"]) or not np.isfinite(m["grad_norm"])
+        assert int(state.skipped) == skipped and int(state.step) == 1
+        # one cause per skipped update, the first check that failed
+        assert (m["skipped_updates"], m["nonfinite_loss"] + m["nonfinite_grad"], m["nonfinite_params"]) == (1, 1, 0)
+        assert_untouched(before, state)
     state, _ = step(state, None, batch)  # and training goes on
     assert int(state.step) == 2 and int(state.skipped) == 2
+
+
+def test_an_overflowing_learning_rate_never_keeps_non_finite_params(params, rollouts):
+    """Issue 20.5: loss and gradient are finite, the updated parameters are not (1e39 overflows
+    float32 to inf, as a learning rate of inf does); the update is skipped and named
+    nonfinite_params (the old check let NaN params through)."""
+    cfg = config("gspo")
+    optimizer = optax.adamw(1e39)  # built directly: the run config may well refuse such a rate
+    state = ts.init_state(jax.tree.map(jnp.copy, params), optimizer)
+    step = jax.jit(functools.partial(ts.train_step, cfg, optimizer))
+    new_state, metrics = step(state, None, make_batch(rollouts, NOISE["gspo"]))
+    m = metrics_lib.finalize(metrics)
+    assert np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    assert (m["nonfinite_loss"], m["nonfinite_grad"], m["nonfinite_params"], m["skipped_updates"]) == (0, 0, 1, 1)
+    assert int(new_state.step) == 0 and int(new_state.skipped) == 1
+    assert_untouched(state, new_state)
+
+
+def test_a_minibatch_without_counted_tokens_is_not_an_update(params, rollouts):
+    """Issue 13.3: zero loss and gradient, yet Adam's momentum (and weight decay) would move the
+    params; the update is skipped: params, optimizer state and step untouched, counted as empty."""
+    step, state = compiled("grpo", "1 device", params)
+    batch = make_batch(rollouts, 0.2)
+    ref_params = jax.tree.map(lambda p: p * 1.01, params)
+    state, _ = step(state, ref_params, batch)  # a real update first: Adam has momentum now
+    before = jax.device_get(state)
+    empty = dataclasses.replace(batch, mask=jnp.zeros_like(batch.mask))
+    state, metrics = step(state, ref_params, empty)
+    m = metrics_lib.finalize(metrics)
+    assert (m["empty_updates"], m["skipped_updates"], m["loss"], m["grad_norm"]) == (1, 0, 0, 0)
+    assert (int(state.step), int(state.empty), int(state.skipped)) == (1, 1, 0)
+    assert_untouched(before, state)
+
+
+def test_a_loss_without_ratio_rejects_minibatches_before_compiling():
+    """Issue 13.2: reinforce (gpg, opo, rloo) on minibatch 2 would train on the samples of an older
+    policy without correction (measured log-ratio ~0.7); refused before anything compiles."""
+    for preset in ("gpg", "opo", "rloo"):
+        with pytest.raises(ValueError, match="has no importance ratio.*train.minibatches=1"):
+            ts.compiled_train_step(config(preset, minibatches=2), 10, sharding.make_mesh(MESHES["1 device"], jax.devices()[:1]))
+
+
+def test_step_statistics_are_those_of_the_whole_minibatch(params, rollouts):
+    """Clip-Cov with top-entropy selection over 2 micro-batches: the decisions are taken on the whole
+    minibatch by the no-grad pass, so loss and gradient equal the unsplit full-logits reference's
+    with the decisions of the unsplit batch."""
+    cfg = config("dapo", 2, loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0,
+                 top_entropy_quantile=0.5)
+    batch = make_batch(rollouts, 0.2)
+    loss, grads = jax.jit(jax.value_and_grad(reference_loss, argnums=1), static_argnums=(0, 2))(cfg, params, None, batch)
+    optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MESHES["1 device"], jax.devices()[:1]))
+    _, metrics = step(jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding), None, batch)
+    m = metrics_lib.finalize(metrics)
+    assert 0 < m["cov_selected_frac"] < 0.2 and m["top_entropy_kept_frac"] == pytest.approx(0.5, abs=0.05)
+    np.testing.assert_allclose(m["loss"], loss, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(m["grad_norm"], optax.tree.norm(grads), rtol=1e-4)
 
 
 def test_schedule_warmup_then_cosine():

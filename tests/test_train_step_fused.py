@@ -58,3 +58,7 @@ def test_fused_step_rejects_host_only_options(tmp_path):
     cfg = Config(model=MODEL, tokenizer="char", algorithm=algorithms.AlgorithmConfig.from_preset("dapo"))
     with pytest.raises(ValueError, match="dynamic_sampling"):
         rl_step.jit_rl_step(cfg, None, None, None)
+    gpg = dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("gpg"),
+                              train=TrainConfig(minibatches=2))
+    with pytest.raises(ValueError, match="no importance ratio"):
+        rl_step.jit_rl_step(gpg, None, None, None)

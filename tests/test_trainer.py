@@ -40,12 +40,14 @@ def config(tmp_path, preset="gspo", **train) -> Config:
 
 @pytest.mark.parametrize("preset", sorted(algorithms.PRESETS))
 def test_every_preset_runs_two_steps(preset, tmp_path):
-    t = trainer.Trainer(config(tmp_path, preset))
+    # Losses without an importance ratio run one update per rollout batch (2 minibatches are refused).
+    minibatches = 2 if algorithms.LOSSES[algorithms.PRESETS[preset].get("loss", "ppo_clip")].ratio else 1
+    t = trainer.Trainer(config(tmp_path, preset, minibatches=minibatches))
     for _ in range(2):
         metrics, updates = t.train_step()
         assert all(np.isfinite(v) for v in metrics.values()), metrics
     mu = t.cfg.algorithm.num_iterations
-    assert int(t.state.step) == 2 * mu * 2 and int(t.state.skipped) == 0
+    assert int(t.state.step) + int(t.state.empty) == 2 * mu * minibatches and int(t.state.skipped) == 0
     assert (t.ref_params is None) == (t.cfg.algorithm.beta == 0)
     assert metrics["groups/kept"] <= 2 and metrics["completion/length_mean"] > 0
 
@@ -76,7 +78,36 @@ def test_dynamic_sampling_drops_zero_variance_groups(tmp_path):
     metrics, _ = t.train_step()
     assert metrics["groups/kept"] == 0 and metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches
     assert t.position == cfg.algorithm.max_gen_batches  # each round consumed a prompt batch
-    assert metrics["loss"] == 0 and int(t.state.skipped) == 0
+    assert metrics["groups/zero_variance_frac"] == 1.0
+    # an all-padding batch is no update: counted as empty, summed over the step's 2 updates
+    assert metrics["loss"] == 0 and metrics["empty_updates"] == 2 and int(t.state.skipped) == 0
+    assert (int(t.state.step), int(t.state.empty)) == (0, 2)
+
+
+def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward(tmp_path, monkeypatch):
+    """Issue 13.5: a group all correct but of different lengths differs only in the overlong penalty;
+    DAPO (0 < correct < G) drops it, where the old filter on the total reward kept it and trained on
+    the length penalty alone. The zero-variance metric counts it too (one definition)."""
+    cfg = config(tmp_path, "dapo")
+    real_sample, drawn = trainer.Trainer.sample, []
+
+    def all_correct(self, examples, rng, sampling_cfg):
+        s = real_sample(self, examples, rng, sampling_cfg)
+        s["rewards"][:, 0] = 1.0  # the exact-match column: every completion right
+        s["correct"] = np.ones(len(s["rewards"]), bool)
+        drawn.append(s)
+        return s
+
+    monkeypatch.setattr(trainer.Trainer, "sample", all_correct)
+    t = trainer.Trainer(cfg)
+    host, metrics = t.rollout_batch(jax.random.key(0))
+    # the shaped total reward does vary within some group: the old filter would have kept it
+    max_len, g = cfg.sampling.max_new_tokens, cfg.sampling.group_size
+    penalty = [np.asarray(algorithms.overlong_penalty(cfg.algorithm, np.asarray(s["rollout"].lengths), max_len))
+               for s in drawn]
+    assert any(np.ptp(p.reshape(-1, g), axis=1).max() > 0 for p in penalty)
+    assert metrics["groups/kept"] == 0 and metrics["groups/zero_variance_frac"] == 1.0
+    assert metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches and host[3].sum() == 0
 
 
 def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
@@ -124,5 +155,8 @@ def test_truncation_masking_and_truncated_importance_sampling(tmp_path):
     host, metrics = t.rollout_batch(jax.random.key(0))
     assert metrics["completion/truncated_frac"] == 1.0
     assert host[3].sum() == 0  # every token masked out
-    metrics, _ = t.train_step()
+    metrics, updates = t.train_step()
     assert metrics["loss"] == 0 and metrics["grad_norm"] == 0 and "tis_weight_mean" in metrics
+    # Issue 13.3 / 20.6: each of the 2 empty updates is counted, and the counts are summed (not averaged)
+    assert [u["empty_updates"] for u in updates] == [1, 1] and metrics["empty_updates"] == 2
+    assert (int(t.state.step), int(t.state.empty), int(t.state.skipped)) == (0, 2, 0)
