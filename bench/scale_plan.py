@@ -23,6 +23,7 @@ tokens, 4 minibatches of 128 completions, 4 micro-batches of 32. Per device:
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import platform
@@ -96,7 +97,7 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     stop_ids = (model.eos_token_id,)
 
     nbytes = lambda tree, shard: sum(  # noqa: E731 — per-device bytes of a sharded pytree
-        a.dtype.itemsize * _prod(sh.shard_shape(a.shape)) for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shard)))
+        a.dtype.itemsize * math.prod(sh.shard_shape(a.shape)) for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shard)))
     out = dict(model=name, devices=devices, mesh=dict(fsdp=fsdp, tensor=tensor, expert=expert), moe_impl=moe_impl,
                params_bytes=nbytes(state.params, state_sharding.params),
                opt_state_bytes=nbytes(state.opt_state, state_sharding.opt_state))
@@ -120,13 +121,6 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     sample["peak_bytes"] = sample["argument_bytes"] + out["opt_state_bytes"] + sample["temp_bytes"] + sample["output_bytes"]
     out["peak_bytes"] = max(train["peak_bytes"], sample["peak_bytes"])
     return out
-
-
-def _prod(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def run_cell(name: str, devices: int, moe_impl: str) -> dict:
