@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from grpo_jax import algorithms, sampling
+from grpo_jax import algorithms, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config
@@ -98,7 +98,7 @@ def jit_rl_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, stat
         stop_ids = sampling.check_prompts(cfg.model, prompts, cfg.sampling)
         if stop_ids not in compiled:
             compiled[stop_ids] = jax.jit(
-                functools.partial(rl_step, cfg, optimizer, mesh, stop_ids),
+                functools.partial(sharding.activation_rules(mesh)(rl_step), cfg, optimizer, mesh, stop_ids),
                 in_shardings=(state_sharding, replicated, replicated, replicated),
                 out_shardings=(state_sharding, replicated),
                 donate_argnums=0,

@@ -241,8 +241,7 @@ def prefill(
     cache = models.init_cache(cfg, prompts.tokens.shape[0], cache_len)
     hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
     logits = _logits(cfg, params, hidden[:, -1])
-    repeat = lambda a: jnp.repeat(a, group_size, axis=0)  # noqa: E731
-    return repeat(logits), jax.tree.map(repeat, cache)  # every cache buffer is batch-major
+    return jnp.repeat(logits, group_size, axis=0), models.repeat_cache(cache, group_size)
 
 
 def decode_step(
@@ -265,21 +264,23 @@ def rollout(
     cfg: ModelConfig, sampling_cfg: SamplingConfig, stop_ids: tuple[int, ...], mesh: Mesh | None,
     params, prompts: Prompts, rng: Key[Array, ""],
 ) -> Rollout:
-    """The jitted body of `generate`, callable inside another jit; `stop_ids` from `check_prompts`."""
-    width, group = prompts.tokens.shape[1], sampling_cfg.group_size
-    cache_len = width + sampling_cfg.max_new_tokens - 1
-    logits, cache = prefill(cfg, params, prompts, group, cache_len)
-    lengths = jnp.repeat(prompts.lengths, group)
-    shard = rows = lambda x: x  # noqa: E731
-    if mesh is not None:  # fix the layouts of the cache and the rows through the loop
-        shardings = sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache_len)
-        shard = functools.partial(jax.lax.with_sharding_constraint, shardings=shardings)
-        rows = lambda tree: jax.tree.map(  # noqa: E731
-            lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
+    """The jitted body of `generate`, callable inside another jit; `stop_ids` from `check_prompts`.
+    On a mesh, the model's activations are pinned by the sharding rules."""
+    with sharding.activation_rules(mesh):
+        width, group = prompts.tokens.shape[1], sampling_cfg.group_size
+        cache_len = width + sampling_cfg.max_new_tokens - 1
+        logits, cache = prefill(cfg, params, prompts, group, cache_len)
+        lengths = jnp.repeat(prompts.lengths, group)
+        shard = rows = lambda x: x  # noqa: E731
+        if mesh is not None:  # fix the layouts of the cache and the rows through the loop
+            shardings = sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache_len)
+            shard = functools.partial(jax.lax.with_sharding_constraint, shardings=shardings)
+            rows = lambda tree: jax.tree.map(  # noqa: E731
+                lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
 
-    def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
-        logits, cache = decode_step(cfg, params, cache, tokens, lengths + t, width + t)
-        return rows(logits), shard(cache)
+        def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
+            logits, cache = decode_step(cfg, params, cache, tokens, lengths + t, width + t)
+            return rows(logits), shard(cache)
 
-    keys = row_keys(rng, prompts.tokens.shape[0], group)
-    return rows(decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg))
+        keys = row_keys(rng, prompts.tokens.shape[0], group)
+        return rows(decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg))

@@ -1,12 +1,18 @@
 """Device mesh and logical-axis sharding (MaxText style).
 
 Model code names its axes (`batch`, `embed`, `heads`, ...); `RULES` maps each name to mesh axes.
-Changing the parallelism of a run means editing `RULES` or the `MeshConfig`, never the model. A
-dimension whose size does not divide by its mesh axes, or whose mesh axis is already used by an
-earlier dimension of the same array, stays replicated (e.g. 2 kv heads on tensor=4).
+Changing the parallelism of a run means editing `RULES` or the `MeshConfig`, never the model. The
+same table shards params, optimizer state, the KV cache and, inside programs traced under
+`activation_rules(mesh)`, the activations. A dimension whose mesh axis is already used by an earlier
+dimension of the same array stays replicated (batch takes fsdp, so activations' embed does not);
+one whose size does not divide by its mesh axes is replicated with a warning naming the rule and
+the shape (e.g. 2 kv heads on tensor=4).
 """
 
+import contextlib
+import functools
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -54,19 +60,45 @@ def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
     )
 
 
-def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """PartitionSpec for an array with these logical axis names, by `RULES`."""
+def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh) -> PartitionSpec:
+    """PartitionSpec for an array with these logical axis names, by `RULES` (mesh: concrete or abstract)."""
     used, out = set(), []
     for name, size in zip(axes, shape):
         mesh_axes = RULES[name] if name is not None else None
         group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
-        n = math.prod(mesh.shape[a] for a in group)
-        if not group or used & set(group) or size % n:
+        if not group or used & set(group):
+            out.append(None)
+            continue
+        sizes = tuple((a, mesh.shape[a]) for a in group)
+        if size % math.prod(n for _, n in sizes):
+            _warn_indivisible(name, size, tuple(shape), sizes)
             out.append(None)
             continue
         used |= set(group)
         out.append(group[0] if len(group) == 1 else group)
     return PartitionSpec(*out)
+
+
+@functools.cache  # once per (rule, shape): constraints are traced in every layer and step
+def _warn_indivisible(rule: str, size: int, shape: tuple[int, ...], sizes: tuple[tuple[str, int], ...]) -> None:
+    axes = " x ".join(f"{a}={n}" for a, n in sizes)
+    warnings.warn(
+        f"sharding rule {rule!r}: in an array of shape {shape}, the {rule} dimension of size {size} "
+        f"does not divide over {axes}, so it is replicated; change the shape, the MeshConfig or "
+        "grpo_jax.sharding.RULES",
+        stacklevel=3,
+    )
+
+
+@contextlib.contextmanager
+def activation_rules(mesh: Mesh | None):
+    """Context or decorator: code traced under it (inside `jax.jit`) pins each model activation to
+    its `RULES` sharding on `mesh` (`grpo_jax.models.decoder._constrain`); mesh=None: no constraints."""
+    if mesh is None:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        yield
 
 
 def spec_shardings(specs: Any, mesh: Mesh) -> Any:
@@ -137,6 +169,7 @@ def global_batch(local: Any, mesh: Mesh) -> Any:
 __all__ = [
     "MESH_AXES",
     "RULES",
+    "activation_rules",
     "batch_sharding",
     "cache_shardings",
     "global_batch",

@@ -262,7 +262,7 @@ def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, s
     `ref_sharding` is None when beta = 0 (no reference params exist). Metrics come back replicated.
     """
     return jax.jit(
-        functools.partial(train_step, cfg, optimizer),
+        functools.partial(sharding.activation_rules(mesh)(train_step), cfg, optimizer),
         in_shardings=(state_sharding, ref_sharding, batch_shardings(mesh)),
         out_shardings=(state_sharding, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
         donate_argnums=0,

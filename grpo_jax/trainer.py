@@ -231,9 +231,10 @@ class Trainer:
             tok, pos, seg, mask, sampler_logp, adv = sharding.global_batch(
                 tuple(a[j * size:(j + 1) * size] for a in host), self.mesh
             )
-            old_logp, _ = ts.completion_logprobs(
-                cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
-            )
+            with sharding.activation_rules(self.mesh):
+                old_logp, _ = ts.completion_logprobs(
+                    cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
+                )
             out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv))
         return out
 

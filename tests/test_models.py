@@ -171,7 +171,7 @@ def test_cache_repeats_along_batch_for_groups(hf_dirs):
     tokens, seg, pos = left_padded([4, 2], 4)
     _, cache, _ = jit_extend(cfg, params, tokens, pos, seg, models.init_cache(cfg, 2, 6), 0)
     g = 3
-    repeated = jax.tree.map(lambda a: jnp.repeat(a, g, axis=0), cache)  # every buffer is batch-major
+    repeated = models.repeat_cache(cache, g)
     nxt = np.arange(2 * g).reshape(2 * g, 1) + 5
     next_pos = np.repeat(pos[:, -1:] + 1, g, axis=0)
     h, _, _ = jit_extend(cfg, params, nxt, next_pos, np.ones_like(nxt), repeated, jnp.int32(4))

@@ -1,5 +1,8 @@
 """`generate` on tiny real decoders: cache vs full forward, log-probs, `transformers` greedy parity, seeds."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -134,3 +137,14 @@ def test_bad_arrays_and_configs_fail_before_compiling():
         SamplingConfig(group_size=0)
     with pytest.raises(ValueError, match="stop ids"):
         generate(DENSE, None, too_long, jax.random.key(0), SamplingConfig(max_prompt_len=8, stop_tokens=(96,)))
+
+
+def test_sampler_program_size_is_flat_in_depth():
+    """Layers and their KV cache are scanned: the sampler's program does not grow with depth."""
+    def lines(layers):
+        cfg = dataclasses.replace(DENSE, num_layers=layers)
+        params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
+        prompts = sampling.Prompts(jax.ShapeDtypeStruct((4, 8), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
+        return len(sampling.rollout.lower(cfg, SCFG, (5,), None, params, prompts, jax.random.key(0)).as_text().splitlines())
+
+    assert lines(16) <= 1.2 * lines(2)

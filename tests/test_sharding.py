@@ -1,6 +1,9 @@
 """Meshes, the logical-axis rules and sharded forwards on 8 simulated devices."""
 
 import dataclasses
+import functools
+import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +12,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax import models, sharding
-from grpo_jax.config import MeshConfig
+from grpo_jax import algorithms, models, sampling, sharding
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config, MeshConfig, SamplingConfig, TrainConfig
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]
 CFG = models.ModelConfig(
@@ -89,8 +93,7 @@ def test_optimizer_state_follows_param_shardings(params):
 def test_cache_shardings_and_sharded_extend(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
     s = sharding.cache_shardings(CFG, mesh, batch=4, max_len=8)
-    assert len(s["k"]) == len(s["v"]) == CFG.num_layers  # one buffer per layer
-    assert {x.spec for x in s["k"] + s["v"]} == {P(("data", "fsdp"), "tensor", None, None)}
+    assert s["k"].spec == s["v"].spec == P(None, ("data", "fsdp"), "tensor", None, None)
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
     cache = jax.device_put(models.init_cache(CFG, 4, 8), s)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
@@ -98,7 +101,7 @@ def test_cache_shardings_and_sharded_extend(params):
     pos = np.broadcast_to(np.arange(3), (4, 3))
     extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
     h, cache, _ = extend(CFG, sharding.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
-    assert [k.sharding.spec for k in cache["k"]] == [x.spec for x in s["k"]]
+    assert cache["k"].sharding.spec == s["k"].spec
     np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
 
 
@@ -140,3 +143,59 @@ def test_expert_parallel_forward_equals_unsharded(params, reference, moe_impl):
     tokens, want = reference  # the dense, unsharded logits
     got = jax.jit(models.logits, static_argnums=0)(cfg, sharded, sharding.global_batch(tokens, mesh))
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- activation shardings
+CONSTRAINT = re.compile(r"sdy.sharding_constraint %\S+ <@mesh, (\[.*?\])>")
+BATCH = '{"data", "fsdp"}'
+
+
+def constraints(lowered) -> set[str]:
+    """The partition specs of every sharding constraint in a lowered program, as Shardy prints them."""
+    return set(CONSTRAINT.findall(lowered.as_text()))
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 2, 4)])
+def test_train_step_pins_activations_by_the_rules(shape):
+    """Rows over data+fsdp, heads and MLP over tensor; in the compiled step each device holds its
+    rows of the residual stream in full (GSPMD alone split d_model over fsdp instead)."""
+    rows, prompt, new = 8, 4, 3
+    cfg = Config(model=CFG, sampling=SamplingConfig(max_prompt_len=prompt, max_new_tokens=new),
+                 algorithm=algorithms.AlgorithmConfig.from_preset("gspo"), train=TrainConfig(micro_batches=2))
+    mesh = sharding.make_mesh(MeshConfig(*shape))
+    optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, mesh)
+    params = jax.eval_shape(functools.partial(models.init, CFG), jax.random.key(0))
+    state = jax.eval_shape(lambda p: ts.init_state(p, optimizer), params)
+    seq, per_row = (rows, prompt + new), (rows, new)
+    batch = ts.Batch(*(jax.ShapeDtypeStruct(seq, jnp.int32) for _ in range(3)),
+                     *(jax.ShapeDtypeStruct(per_row, jnp.float32) for _ in range(3)),
+                     jax.ShapeDtypeStruct((rows,), jnp.float32))
+    lowered = step.lower(state, None, batch)
+    kv = "{}" if shape[2] == 4 else '{"tensor"}'  # 2 kv heads do not split over tensor=4
+    assert {f"[{BATCH}, {{}}, {{}}]", f'[{BATCH}, {{}}, {{"tensor"}}, {{}}]', f"[{BATCH}, {{}}, {kv}, {{}}]",
+            f'[{BATCH}, {{}}, {{"tensor"}}]', f'[{BATCH}, {{}}, {{"expert"}}, {{"tensor"}}]'} <= constraints(lowered)
+    local_rows = rows // cfg.train.micro_batches // (shape[0] * shape[1])
+    residual = f"f32[{local_rows},{prompt + new - 1},{CFG.hidden_size}]"
+    assert residual in lowered.compile().as_text()
+
+
+def test_sampler_pins_activations_by_the_rules():
+    """Decoding on a (fsdp, tensor, expert) mesh: rows over data+fsdp, heads over tensor, experts over expert."""
+    cfg = dataclasses.replace(CFG, eos_token_id=1)
+    scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=3, group_size=2)
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=2, tensor=2, expert=2))
+    params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
+    prompts = sampling.Prompts(jax.ShapeDtypeStruct((4, 4), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
+    lowered = sampling.rollout.lower(cfg, scfg, (1,), mesh, params, prompts, jax.random.key(0))
+    assert {f'[{BATCH}, {{}}, {{"tensor"}}, {{}}]', f'[{BATCH}, {{}}, {{"expert"}}, {{"tensor"}}]'} <= constraints(lowered)
+    # a decode step's expert activations on one device: 4 of 8 rows, 2 of 4 experts, 8 of 16 MLP units
+    assert "f32[4,1,2,8]" in lowered.compile().as_text()
+
+
+def test_an_indivisible_dimension_warns_once_naming_rule_and_shape():
+    mesh = sharding.make_mesh(MeshConfig(1, 2, 4))
+    with pytest.warns(UserWarning, match=r"'heads'.*shape \(4, 6, 8\).*size 6 does not divide over tensor=4"):
+        assert sharding.logical_spec(("batch", "heads", None), (4, 6, 8), mesh) == P(("data", "fsdp"), None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sharding.logical_spec(("batch", "heads", None), (4, 6, 8), mesh)  # the same (rule, shape): silent

@@ -15,18 +15,17 @@ so packing is several ids in one row and left padding is leading zeros. Position
 KV cache (for sampling; one code path with `forward`):
 
     cache = init_cache(cfg, batch, max_len)
-        {"k": one [batch, kv_heads, head_dim, max_len] per layer, "v": one [batch, kv_heads, max_len,
-         head_dim] per layer, in cfg.compute_dtype (the layouts the attention kernels read),
-         "segment_ids": [batch, max_len] int32, 0 = slot unwritten or padding (the validity mask is
-         `cache["segment_ids"] != 0`)}
+        {"k": [layers, batch, kv_heads, head_dim, max_len], "v": [layers, batch, kv_heads, max_len,
+         head_dim] in cfg.compute_dtype (per layer, the layouts the attention kernels read; stacked
+         like the params, so the layer scan carries the cache), "segment_ids": [batch, max_len]
+         int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`)}
     hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
         tokens/positions/segment_ids [B, T]; writes slots [index, index+T) (index: int32 scalar, the
         same for every row) and attends to all earlier slots with the same segment id.
         Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
+    cache = repeat_cache(cache, G)      # each row G times: G samples share one prefill
 
-The cache is a plain dict: `jax.tree.map(lambda a: jnp.repeat(a, G, axis=a.ndim - 4 if a.ndim == 5
-else 0), cache)` shares one prefill among G samples (batch is axis 1 of k/v, axis 0 of
-segment_ids); `grpo_jax.sharding.cache_shardings` shards it.
+`grpo_jax.sharding.cache_shardings` shards the cache.
 
 Params are a nested dict described by `param_specs(cfg)` (shape + logical axes of every leaf):
 embed [V, d]; layers/{attn_norm, q [L,d,H,hd], k, v [L,d,K,hd], o [L,H,hd,d], mlp_norm,
@@ -49,6 +48,7 @@ from grpo_jax.models.decoder import (
     logits,
     param_specs,
     positions_from_segments,
+    repeat_cache,
     unembedding,
 )
 from grpo_jax.models.hf_io import load_hf, save_hf
@@ -69,6 +69,7 @@ __all__ = [
     "logits",
     "param_specs",
     "positions_from_segments",
+    "repeat_cache",
     "save_hf",
     "unembedding",
 ]

@@ -3,10 +3,12 @@
 One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
 case. Attention masks are built from segment ids and cache slots, never from positions, so left
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
-the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`;
-with a KV cache (sampling: no gradients, no remat) they are unrolled, each on its own cache buffers.
+the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`,
+with or without a KV cache (stacked over layers too): program size and compile time do not grow
+with depth.
 """
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -72,15 +74,12 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """The KV cache pytree as ParamSpecs (same role as `param_specs`): one k and one v buffer per
-    layer, not a stacked [layers, ...] array, so that a layer reads its cache where it lies; a
-    matmul on a slice of a stacked cache makes XLA:CPU copy the slice first, every decode step."""
-    shape, axes = (batch, cfg.num_kv_heads), ("batch", "kv_heads")
-    k = ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))
-    v = ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))
+    """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v stacked over layers
+    like the params, so that the layer scan carries them and writes each new token in place."""
+    shape, axes = (cfg.num_layers, batch, cfg.num_kv_heads), ("layers", "batch", "kv_heads")
     return {
-        "k": (k,) * cfg.num_layers,
-        "v": (v,) * cfg.num_layers,
+        "k": ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq")),
+        "v": ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None)),
         "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
     }
 
@@ -112,16 +111,18 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
-    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype; segment_ids
-    [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
+    """An empty cache: k [layers, batch, kv_heads, head_dim, max_len] and v [layers, batch, kv_heads,
+    max_len, head_dim] (the layouts `ATTENTION` kernels take, per layer) in the compute dtype;
+    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
     specs = cache_specs(cfg, batch, max_len)
-    zeros = lambda spec, dtype: jnp.zeros(spec.shape, dtype)  # noqa: E731
-    return {
-        "k": tuple(zeros(spec, cfg.compute_dtype) for spec in specs["k"]),
-        "v": tuple(zeros(spec, cfg.compute_dtype) for spec in specs["v"]),
-        "segment_ids": zeros(specs["segment_ids"], jnp.int32),
-    }
+    dtypes = {"k": cfg.compute_dtype, "v": cfg.compute_dtype, "segment_ids": jnp.int32}
+    return {name: jnp.zeros(spec.shape, dtypes[name]) for name, spec in specs.items()}
+
+
+def repeat_cache(cache: Cache, repeats: int) -> Cache:
+    """Every row of the cache `repeats` times in a row along batch: G samples share one prefill."""
+    rows = lambda a, axis: jnp.repeat(a, repeats, axis=axis)  # noqa: E731
+    return {"k": rows(cache["k"], 1), "v": rows(cache["v"], 1), "segment_ids": rows(cache["segment_ids"], 0)}
 
 
 def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, "batch seq"]:
@@ -205,12 +206,12 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
-    """Self-attention of T new tokens. With a cache (kv: this layer's k, v) their keys and values
-    are written in place at slots [index, index+T) and all slots are attended."""
-    q = jnp.einsum("btd,dnh->btnh", x, p["q"])
-    k = jnp.einsum("btd,dkh->btkh", x, p["k"])
-    v = jnp.einsum("btd,dkh->btkh", x, p["v"])
+def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
+    """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
+    are written in place at [layer, :, :, index:index+T] and all slots of this layer are attended."""
+    q = _constrain(jnp.einsum("btd,dnh->btnh", x, p["q"]), ("batch", "seq", "heads", None))
+    k = _constrain(jnp.einsum("btd,dkh->btkh", x, p["k"]), ("batch", "seq", "kv_heads", None))
+    v = _constrain(jnp.einsum("btd,dkh->btkh", x, p["v"]), ("batch", "seq", "kv_heads", None))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if cfg.qk_norm:
@@ -221,9 +222,9 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
     q_slot = index + jnp.arange(x.shape[1])
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
     if kv is not None:
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, 0, 0, index))
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, 0, index, 0))
-        kv = (k, v)
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype)[None], (layer, 0, 0, 0, index))
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype)[None], (layer, 0, 0, index, 0))
+        kv, k, v = (k, v), k[layer], v[layer]
     k_slot = jnp.arange(v.shape[2])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
@@ -231,11 +232,13 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index):
         & (q_slot[:, None] >= k_slot[None, :])
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
+    out = _constrain(out, ("batch", "seq", "heads", None))
     return jnp.einsum("btnh,nhd->btd", out, p["o"]), kv
 
 
 def _mlp(p, x):
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(x @ p["gate"]) * (x @ p["up"]), p["down"])
+    h = _constrain(jax.nn.silu(x @ p["gate"]) * (x @ p["up"]), ("batch", "seq", "mlp"))
+    return jnp.einsum("btf,fd->btd", h, p["down"])
 
 
 def _moe(cfg, p, x):
@@ -254,7 +257,8 @@ def _experts_dense(p, x, top_p, top_i):
     weights = jnp.sum(jax.nn.one_hot(top_i, p["gate"].shape[0], dtype=x.dtype) * top_p[..., None], axis=-2)
     gate = jnp.einsum("btd,edf->btef", x, p["gate"])
     up = jnp.einsum("btd,edf->btef", x, p["up"])
-    return jnp.einsum("btef,efd->btd", jax.nn.silu(gate) * up * weights[..., None], p["down"])
+    h = _constrain(jax.nn.silu(gate) * up * weights[..., None], ("batch", "seq", "expert", "mlp"))
+    return jnp.einsum("btef,efd->btd", h, p["down"])
 
 
 def _experts_ragged(p, x, top_p, top_i):
@@ -276,8 +280,9 @@ MOE: dict[str, Callable] = {"dense": _experts_dense, "ragged": _experts_ragged}
 
 
 def _constrain(x, axes: tuple[str | None, ...]):
-    """Pins an activation's sharding by the logical rules when traced under `jax.set_mesh(mesh)`;
-    without a mesh in context this is the identity and GSPMD propagates from the inputs."""
+    """Pins an activation's sharding by the logical rules when traced with a mesh in context
+    (`grpo_jax.sharding.activation_rules(mesh)`, as the train step and the sampler are, or
+    `jax.set_mesh`); without one it is the identity and GSPMD propagates from the inputs."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
@@ -304,7 +309,8 @@ def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
 def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
     cdt = cfg.jnp_compute_dtype
     cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
-    x = _constrain(params["embed"][tokens].astype(cdt), ("batch", "seq", "embed"))
+    table = _constrain(params["embed"].astype(cdt), ("vocab", None))  # gathered over fsdp like every weight
+    x = _constrain(table[tokens], ("batch", "seq", "embed"))
     if cache is None:
         k_segment_ids = segment_ids
     else:
@@ -312,43 +318,32 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
             cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
         )
 
-    def layer(x, kv, lp, mp, is_moe):
-        lp, mp = cast(lp), cast(mp)
+    def layer(carry, xs, is_moe):
+        (x, kv), (lp, mp, i) = carry, (cast(xs[0]), cast(xs[1]), xs[2])
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index)
+        a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
-        return _constrain(x + m, ("batch", "seq", "embed")), kv, logits
+        return (_constrain(x + m, ("batch", "seq", "embed")), kv), logits
 
-    if cfg.remat != "none":
-        layer = jax.checkpoint(layer, policy=_REMAT_POLICY[cfg.remat], static_argnums=(4,))
-    ks, vs = (None, None) if cache is None else (list(cache["k"]), list(cache["v"]))
+    kv = None if cache is None else (cache["k"], cache["v"])
     router_logits = []
-    for is_moe, start, stop, kind_start in _runs(cfg):
+    for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run: program size flat in depth
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
         mlp_p = jax.tree.map(
             lambda a: a[kind_start : kind_start + stop - start], params["moe" if is_moe else "mlp"]
         )
-        if cache is None:  # one scanned body: compile time independent of depth
-            def body(x, xs, is_moe=is_moe):
-                x, _, logits = layer(x, None, *xs, is_moe)
-                return x, logits
-
-            x, logits = jax.lax.scan(body, x, (layer_p, mlp_p))
-        else:  # unrolled, each layer on its own cache buffers
-            logits = []
-            for i in range(start, stop):
-                lp, mp = jax.tree.map(lambda a, j=i - start: a[j], (layer_p, mlp_p))
-                x, (ks[i], vs[i]), out = layer(x, (ks[i], vs[i]), lp, mp, is_moe)
-                logits.append(out)
-            logits = jnp.stack(logits) if is_moe else None
+        body = functools.partial(layer, is_moe=is_moe)
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
+        (x, kv), logits = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop)))
         if is_moe:
             router_logits.append(logits)
     hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
     aux = {"router_logits": jnp.concatenate(router_logits)} if router_logits else {}
     if cache is not None:
-        cache = {"k": tuple(ks), "v": tuple(vs), "segment_ids": k_segment_ids}
+        cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
     return hidden, cache, aux
 
 

@@ -1,0 +1,203 @@
+"""Memory plan: per-device bytes of the gsm8k config's train step and sampler at Qwen3 sizes.
+
+Each (model, device count) cell runs in a subprocess that simulates that many CPU devices (the count
+is fixed before jax is imported). It lowers the train step (`train_step.compiled_train_step`) and the
+sampler (`sampling.rollout`) with abstract inputs (`jax.ShapeDtypeStruct`s carrying their shardings)
+and compiles them ahead of time, so nothing is allocated; the bytes are each program's
+`compiled.memory_analysis()`, for one device.
+
+The run is experiments/configs/gsm8k.py with its model swapped: float32 params and Adam state,
+bfloat16 compute, remat "dots"; 64 prompts x G=8 per step, prompts <= 256 and completions <= 512
+tokens, 4 minibatches of 128 completions, 4 micro-batches of 32. Per device:
+
+- train = params + optimizer state + batch (the step's arguments; the state is donated) + the
+  step's temporaries (activations saved for the backward pass, gradients, workspace);
+- sample = params + optimizer state (resident while the trainer samples) + the sampler's
+  temporaries (KV cache, logits, workspace) + outputs;
+- peak = the larger of the two, against 16 GiB (TPU v5e), 95 GiB (TPU v5p) and 80 GiB (H100).
+
+    python bench/scale_plan.py                    # every cell; table + results/scale_plan.json
+    python bench/scale_plan.py --cell Qwen3-8B 64 # one cell, as JSON on stdout (what the driver runs)
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "scale_plan.json"
+GIB = 2**30
+BUDGETS_GIB = {"v5e": 16, "v5p": 95, "H100": 80}
+DEVICES = (8, 64, 256)
+# (fsdp, tensor, expert) per device count. fsdp <= 32: a micro-batch of 32 rows splits over it.
+MESHES = {
+    "dense": {8: (8, 1, 1), 64: (32, 2, 1), 256: (32, 8, 1)},
+    "moe": {8: (8, 1, 1), 64: (16, 1, 4), 256: (32, 2, 4)},
+}
+
+
+def model_configs():
+    """The config.json fields of each model (Hugging Face model cards: huggingface.co/Qwen/<name>)."""
+    from grpo_jax.models import ModelConfig
+
+    qwen3 = dict(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
+                 max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645)
+    return {
+        "Qwen3-1.7B": ModelConfig(model_type="qwen3", hidden_size=2048, intermediate_size=6144, num_layers=28,
+                                  num_heads=16, num_kv_heads=8, tie_word_embeddings=True, **qwen3),
+        "Qwen3-8B": ModelConfig(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_layers=36,
+                                num_heads=32, num_kv_heads=8, tie_word_embeddings=False, **qwen3),
+        "Qwen3-30B-A3B": ModelConfig(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                                     num_layers=48, num_heads=32, num_kv_heads=4, tie_word_embeddings=False,
+                                     num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                     norm_topk_prob=True, **qwen3),
+    }
+
+
+def cell(name: str, devices: int, moe_impl: str) -> dict:
+    """Compiles both programs of one (model, mesh) and returns their per-device bytes."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from experiments.configs import gsm8k
+    from grpo_jax import models, sampling, sharding
+    from grpo_jax import train_step as ts
+    from grpo_jax.config import MeshConfig, ModelOptions
+
+    base = gsm8k.get_config()
+    model = dataclasses.replace(model_configs()[name], **dict(base.model_options.as_dict(), moe_impl=moe_impl))
+    fsdp, tensor, expert = MESHES["moe" if model.num_experts else "dense"][devices]
+    mesh_cfg = MeshConfig(data=1, fsdp=fsdp, tensor=tensor, expert=expert)
+    cfg = dataclasses.replace(base, model=model, model_path="", model_options=ModelOptions(), mesh=mesh_cfg)
+    mesh = sharding.make_mesh(cfg.mesh)
+    s, t = cfg.sampling, cfg.train
+    rows = t.prompts_per_step * s.group_size // t.minibatches
+
+    optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, t.steps, mesh)
+    params = jax.eval_shape(lambda key: models.init(model, key), jax.random.key(0))
+    state = jax.eval_shape(lambda p: ts.init_state(p, optimizer), params)
+    abstract = lambda tree, shard: jax.tree.map(  # noqa: E731
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), tree, shard)
+    seq, new = (rows, s.max_prompt_len + s.max_new_tokens), (rows, s.max_new_tokens)
+    batch = ts.Batch(*(jax.ShapeDtypeStruct(seq, jnp.int32) for _ in range(3)),
+                     *(jax.ShapeDtypeStruct(new, jnp.float32) for _ in range(3)), jax.ShapeDtypeStruct((rows,), jnp.float32))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    prompts = sampling.Prompts(jax.ShapeDtypeStruct((t.prompts_per_step, s.max_prompt_len), jnp.int32, sharding=replicated),
+                               jax.ShapeDtypeStruct((t.prompts_per_step,), jnp.int32, sharding=replicated))
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated)
+    stop_ids = (model.eos_token_id,)
+
+    nbytes = lambda tree, shard: sum(  # noqa: E731 — per-device bytes of a sharded pytree
+        a.dtype.itemsize * math.prod(sh.shard_shape(a.shape)) for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shard)))
+    out = dict(model=name, devices=devices, mesh=dict(fsdp=fsdp, tensor=tensor, expert=expert), moe_impl=moe_impl,
+               params_bytes=nbytes(state.params, state_sharding.params),
+               opt_state_bytes=nbytes(state.opt_state, state_sharding.opt_state))
+    programs = {
+        "train": lambda: step.lower(abstract(state, state_sharding), None, batch),
+        "sample": lambda: sampling.rollout.lower(model, s, stop_ids, mesh, abstract(params, state_sharding.params), prompts, key),
+    }
+    for program, lower in programs.items():
+        start = time.perf_counter()
+        lowered = lower()
+        lowered_s = time.perf_counter() - start
+        compiled = lowered.compile()
+        m = compiled.memory_analysis()
+        out[program] = dict(lower_s=round(lowered_s, 1), compile_s=round(time.perf_counter() - start - lowered_s, 1),
+                            argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
+                            alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes,
+                            hlo_lines=len(compiled.as_text().splitlines()))
+    train, sample = out["train"], out["sample"]
+    out["batch_bytes"] = train["argument_bytes"] - out["params_bytes"] - out["opt_state_bytes"]
+    train["peak_bytes"] = train["argument_bytes"] + train["temp_bytes"] + train["output_bytes"] - train["alias_bytes"]
+    sample["peak_bytes"] = sample["argument_bytes"] + out["opt_state_bytes"] + sample["temp_bytes"] + sample["output_bytes"]
+    out["peak_bytes"] = max(train["peak_bytes"], sample["peak_bytes"])
+    return out
+
+
+def run_cell(name: str, devices: int, moe_impl: str) -> dict:
+    """`cell` in a fresh process with `devices` simulated CPU devices; records its wall time and peak RSS."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--cell", name, str(devices), "--moe-impl", moe_impl]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        return dict(model=name, devices=devices, moe_impl=moe_impl, error=proc.stderr.strip().splitlines()[-3:])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result.update(wall_s=round(time.perf_counter() - start, 1), host_peak_rss_gib=int(proc.stderr.split()[-1]) / 2**20)
+    return result
+
+
+def table(results: list[dict]) -> str:
+    head = ("| model | devices (fsdp x tensor x expert) | moe_impl | params | opt state | train temp | sample temp "
+            "| peak | fits | compile s (train / sample) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['devices']} | {r['moe_impl']} | error: {r['error'][-1]} |")
+            continue
+        m, gib = r["mesh"], lambda b: f"{b / GIB:.1f}"  # noqa: E731
+        fits = ", ".join(k for k, v in BUDGETS_GIB.items() if r["peak_bytes"] <= v * GIB) or "none"
+        lines.append(
+            f"| {r['model']} | {r['devices']} ({m['fsdp']}x{m['tensor']}x{m['expert']}) | {r['moe_impl']} "
+            f"| {gib(r['params_bytes'])} | {gib(r['opt_state_bytes'])} | {gib(r['train']['temp_bytes'])} "
+            f"| {gib(r['sample']['temp_bytes'])} | {gib(r['peak_bytes'])} | {fits} "
+            f"| {r['train']['compile_s']:.0f} / {r['sample']['compile_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def smallest_fits(results: list[dict]) -> dict:
+    """Per model and budget: the fewest devices whose mesh fits (either MoE implementation)."""
+    out = {}
+    for r in results:
+        for budget, gib in BUDGETS_GIB.items():
+            if "error" not in r and r["peak_bytes"] <= gib * GIB:
+                best = out.setdefault(r["model"], {}).get(budget)
+                if best is None or r["devices"] < best["devices"]:
+                    out[r["model"]][budget] = dict(devices=r["devices"], mesh=r["mesh"], moe_impl=r["moe_impl"])
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cell", nargs=2, metavar=("MODEL", "DEVICES"))
+    parser.add_argument("--moe-impl", default="dense", choices=("dense", "ragged"))
+    parser.add_argument("--models", nargs="*", default=None)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if args.cell:  # jax is imported after this: the simulated device count takes effect
+        os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={args.cell[1]}")
+        print(json.dumps(cell(args.cell[0], int(args.cell[1]), args.moe_impl)))
+        return
+    results = []
+    for name, model in model_configs().items():
+        if args.models and name not in args.models:
+            continue
+        for devices in DEVICES:
+            for impl in ("dense", "ragged") if model.num_experts else ("dense",):
+                results.append(run_cell(name, devices, impl))
+                print(table(results[-1:]).splitlines()[-1], f"(wall {results[-1].get('wall_s')} s)", flush=True)
+    plan = smallest_fits(results)
+    print("\n" + table(results) + "\n")
+    for name in model_configs():
+        for budget, gib in BUDGETS_GIB.items():
+            best = plan.get(name, {}).get(budget)
+            where = f"{best['devices']} devices ({best['moe_impl']})" if best else f"no mesh up to {DEVICES[-1]}"
+            print(f"{name} on {budget} ({gib} GiB): {where}")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor()
+                                   or platform.machine(), cpus=os.cpu_count(), budgets_gib=BUDGETS_GIB,
+                                   smallest_fits=plan, cells=results), indent=2))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
