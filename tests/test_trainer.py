@@ -148,18 +148,19 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
 
 def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, monkeypatch, caplog):
     """A reward that returns nan for every completion of one of the step's two prompts: the failures are
-    counted and logged under its name, that group is dropped, and the update stays finite (a nan
-    reward used to make every later update non-finite, hence skipped)."""
+    counted and logged under its name and that group is dropped, so the update's inputs stay finite (a
+    nan reward used to make every later update non-finite, hence skipped)."""
     monkeypatch.setitem(functions.REWARDS, "nan_for_odd", fault_rewards.nan_for_odd_answers)
     cfg = dataclasses.replace(
         config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
     t = trainer.Trainer(cfg)
     assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
-    metrics, updates = t.train_step()
+    (tokens, positions, segments, mask, sampler_logp, advantages), metrics = t.rollout_batch(jax.random.key(0))
     assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
-    assert all(np.isfinite(u["loss"]) for u in updates) and int(t.state.skipped) == 0
-    assert updates[0]["grad_norm"] > 0  # the kept group fills the first minibatch; the second is padding
     assert "reward 'nan_for_odd_answers': 4 of 8 call(s) failed (nonfinite)" in caplog.text
+    assert np.isfinite(advantages).all() and np.isfinite(metrics["reward/mean"])
+    assert np.abs(advantages[:4]).sum() > 0 and mask[:4].any()  # the even prompt's group learns
+    assert not mask[4:].any() and not advantages[4:].any()  # the odd one's rows are masked padding
 
 
 def test_a_run_that_only_skips_stops_with_the_cause_and_step(tmp_path):
