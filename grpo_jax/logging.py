@@ -4,13 +4,16 @@ Only process 0 writes; on other processes every method is a no-op, so the host l
 unconditionally. Metrics arrive as flat dicts of Python floats (fetched once per step), one row per
 step. metrics.jsonl is the record: a resumed run first drops the rows an earlier process logged past
 the checkpoint it resumes from (they will be logged again) and rewrites TensorBoard's events from the
-rows kept, so every view holds each step once; the curves are drawn from the whole record.
+rows kept, so every view holds each step once; the curves are drawn from the whole record. Rows reach
+both files synchronously, before the step's checkpoint is saved (tensorboardX's SummaryWriter queues
+events in a thread, and a kill lost them), so a kill never loses a step that a checkpoint holds.
 """
 
 import json
 import os
 import pathlib
 import shutil
+import time
 
 import jax
 
@@ -52,8 +55,8 @@ class MetricsLogger:
         self.history = [r for r in read_rows(path) if r["step"] <= keep]
         if not self.enabled:
             return
-        import tensorboardX
         import tqdm
+        from tensorboardX.event_file_writer import EventsWriter
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".jsonl.tmp")
@@ -61,15 +64,18 @@ class MetricsLogger:
         os.replace(tmp, path)
         self.jsonl = open(path, "a")
         shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
-        self.tb = tensorboardX.SummaryWriter(str(self.out_dir / "tensorboard"))
+        (self.out_dir / "tensorboard").mkdir()
+        self.tb = EventsWriter(str(self.out_dir / "tensorboard" / "events"))
         for row in self.history:
             self._tensorboard(row)
         self.bar = tqdm.tqdm(total=total_steps, initial=max(keep, 0), dynamic_ncols=True)
 
     def _tensorboard(self, row: dict) -> None:
-        for k, v in row.items():
-            if k != "step":
-                self.tb.add_scalar(k, v, row["step"])
+        """One event holding the row's scalars, written and flushed (fsync) before returning."""
+        from tensorboardX.proto import event_pb2, summary_pb2
+
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in row.items() if k != "step"]
+        self.tb.write_event(event_pb2.Event(wall_time=time.time(), step=row["step"], summary=summary_pb2.Summary(value=values)))
         self.tb.flush()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -209,6 +209,17 @@ def test_a_resumed_log_holds_every_step_once_and_plots_the_whole_run(tmp_path, m
     assert all(np.float32(v) == np.float32(r["reward/mean"]) for r in rows for v in events[("reward/mean", r["step"])])
 
 
+def test_a_killed_run_loses_no_logged_row(tmp_path):
+    """Every row `log` returned from is on disk, in metrics.jsonl and TensorBoard: the step's checkpoint
+    is saved right after, and a kill then must not lose the step from the logs (tensorboardX's
+    SummaryWriter queued events in a thread and lost them)."""
+    script = (f"import os, signal\nfrom grpo_jax.logging import MetricsLogger\nlog = MetricsLogger({str(tmp_path)!r}, 50)\n"
+              "for step in range(50):\n    log.log(step, {'loss': float(step)})\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert len(run_logging.read_rows(tmp_path / "metrics.jsonl")) == 50
+    assert sorted(step for _, step in load_drill().event_scalars(tmp_path / "tensorboard")) == list(range(50))
+
+
 # -- rewards -------------------------------------------------------------------------------------------
 
 def test_nonfinite_rewards_are_failures_named_and_counted(caplog):
