@@ -48,8 +48,6 @@ class Checkpointer:
             )
         self.every, self.keep = every, keep
         self.directory = pathlib.Path(directory).absolute()
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"{self.directory} is a file, not a checkpoint directory; move it or set train.out_dir")
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False),  # retention is ours
