@@ -166,6 +166,26 @@ def compare(reference: pathlib.Path, drilled: pathlib.Path) -> list[str]:
     return failures
 
 
+def is_complete(out: pathlib.Path, steps: int) -> bool:
+    from grpo_jax.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(out / "checkpoints", 1, 10**6)
+    complete = steps in ckpt.all_steps() and ckpt.problem(steps) is None
+    ckpt.close()
+    return complete
+
+
+def check_run(work: pathlib.Path, n: int, chain: list[str], failures: list[str]) -> bool:
+    """Compares the finished drilled run with the reference; a failing one is kept as failed_run_N."""
+    problems = compare(work / "reference", work / "drilled")
+    failures += [f"run {n} (stops: {'; '.join(chain)}): {p}" for p in problems]
+    if problems:
+        (work / "drilled").rename(work / f"failed_run_{n}")
+    else:
+        shutil.rmtree(work / "drilled")
+    return not problems
+
+
 def drill(args) -> dict:
     rng = random.Random(args.seed)
     work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="soak_drill_")).absolute()
@@ -195,7 +215,7 @@ def drill(args) -> dict:
     print(f"reference: {time.monotonic() - start:.0f} s (first row after {startup:.1f} s, {step_s:.2f} s a step); "
           f"seed {args.seed}, work dir {work}", flush=True)
 
-    kinds, runs, exact = [], 0, 0
+    kinds, runs, exact, chain = [], 0, 0, []
     while sum(stops.values()) < args.kills and time.monotonic() - start < args.seconds:
         kinds = kinds or rng.sample(STOPS, len(STOPS))
         kind = kinds.pop()
@@ -216,7 +236,7 @@ def drill(args) -> dict:
                 os.killpg(run.proc.pid, getattr(signal, kind))
             stops[(kind, phase)] += 1
         rc = run.wait()
-        finished = (work / "drilled" / "checkpoints" / str(steps)).is_dir()  # a signal may land as it exits
+        finished = is_complete(work / "drilled", steps)  # a signal may land as it exits
         if signalled and kind in EXIT and during_steps and not finished and rc != EXIT[kind]:
             failures.append(f"{kind} during the steps: exit code {rc}, not {EXIT[kind]} (see drilled.log)")
         deadline = time.monotonic() + 10
@@ -229,26 +249,22 @@ def drill(args) -> dict:
         n, problems = check_leftovers(work / "drilled")
         leftovers += n
         failures += problems
-        print(f"stop {sum(stops.values())}: {kind} during {phase}, exit {rc}, {run.rows()} rows" if signalled
-              else "a run finished before its stop", flush=True)
+        chain.append(f"{kind} during {phase} (exit {rc}, {run.rows()} rows)" if signalled else "no stop")
+        print(f"stop {sum(stops.values())}: {chain[-1]}", flush=True)
         if finished:  # this run is over: check it, then drill a fresh one
-            runs, problems = runs + 1, compare(work / "reference", work / "drilled")
-            exact += not problems
-            failures += problems
-            shutil.rmtree(work / "drilled")
+            runs, exact, chain = runs + 1, exact + check_run(work, runs + 1, chain, failures), []
 
     final = Run(args, work / "drilled", env)
     if final.wait() != 0:
         failures.append("the resumed run failed to finish (see drilled.log)")
     else:
-        problems = compare(work / "reference", work / "drilled")
-        runs, exact, failures = runs + 1, exact + (not problems), failures + problems
         before = (work / "drilled" / "metrics.jsonl").read_text()
         again = Run(args, work / "drilled", env)
         if again.wait() != 0 or "run complete" not in again.output():
             failures.append("rerunning the finished run did not say 'run complete'")
         if (work / "drilled" / "metrics.jsonl").read_text() != before:
             failures.append("rerunning the finished run changed metrics.jsonl")
+        runs, exact = runs + 1, exact + check_run(work, runs + 1, chain + ["no stop"], failures)
     summary = {
         "seed": args.seed, "stops": {f"{k} during {p}": n for (k, p), n in sorted(stops.items())},
         "kills": sum(stops.values()), "runs": runs, "runs_exact": exact,
