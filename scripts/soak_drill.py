@@ -25,6 +25,7 @@ import pathlib
 import random
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -211,7 +212,7 @@ def drill(args) -> dict:
         raise SystemExit(f"the reference run failed; see {work / 'reference.log'}")
     steps = json.loads((work / "reference" / "metrics.jsonl").read_text().splitlines()[-1])["step"]
     startup = row_times[0] - reference.started
-    step_s = (row_times[-1] - row_times[0]) / max(len(row_times) - 1, 1)
+    step_s = statistics.median(b - a for a, b in zip(row_times, row_times[1:]))  # a step once compiled
     print(f"reference: {time.monotonic() - start:.0f} s (first row after {startup:.1f} s, {step_s:.2f} s a step); "
           f"seed {args.seed}, work dir {work}", flush=True)
 
