@@ -25,7 +25,7 @@ import optax
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE / "configs"))
 
-from grpo_jax import data, sampling, trainer  # noqa: E402
+from grpo_jax import data, run, sampling, trainer  # noqa: E402
 from grpo_jax import train_step as ts  # noqa: E402
 from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
 
@@ -87,7 +87,7 @@ def main():
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume
     params, sft_log = warm_start(cfg, trainer.Trainer(cfg))
     warm_seconds = time.perf_counter() - start
-    out = trainer.train(cfg, params)
+    out = run.train(cfg, params)
     rows = [json.loads(line) for line in (pathlib.Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "clip_frac_low" in r]
     clip = lambda r: r["clip_frac_low"] + r["clip_frac_high"]  # noqa: E731

@@ -1,18 +1,40 @@
-"""Checkpoints with orbax: the whole train state plus the host-side position of the run.
+"""Checkpoints with orbax, verified: the whole train state plus the host-side position of the run.
 
 A checkpoint holds two items: `state` (any pytree of arrays: params, optimizer state, step
 counters, the raw random key) written by every process as one global array set, and `meta` (a
-small JSON dict: the data position and anything else the host loop needs to continue the same
-trajectory). Restoring takes an abstract target (shapes, dtypes, shardings) so that arrays land
-directly with their shardings on the current mesh.
+small JSON dict: the data position, the run's config and anything else the host loop needs to
+continue the same trajectory). Restoring takes an abstract target (shapes, dtypes, shardings) so
+that arrays land directly with their shardings on the current mesh.
+
+A save is complete once the SHA-256 of every file orbax wrote is in `<step>/checksums.json`; only
+then are checkpoints beyond the newest `keep` deleted, so a kill at any moment leaves the previous
+complete one. `latest_intact` walks back from the newest: one without checksums (its save was cut
+short) is deleted, one whose files no longer match (a flipped bit, a truncated or missing file) is
+renamed `<step>.damaged` with a warning, and the next older one is tried.
 """
 
+import hashlib
+import json
+import logging
+import os
 import pathlib
 import shutil
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+CHECKSUMS = "checksums.json"
+log = logging.getLogger(__name__)
+
+
+def _digests(directory: pathlib.Path) -> dict[str, str]:
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    out = {}
+    for p in files:
+        with open(p, "rb") as f:
+            out[str(p.relative_to(directory))] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
 
 
 class Checkpointer:
@@ -24,10 +46,11 @@ class Checkpointer:
                 f"checkpoint interval and count must be >= 1, got every={every}, keep={keep}; "
                 "set train.checkpoint_every / train.keep_checkpoints"
             )
-        self.every = every
+        self.every, self.keep = every, keep
+        self.directory = pathlib.Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
-            pathlib.Path(directory).absolute(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False),
+            self.directory,
+            options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False),  # retention is ours
             item_names=("state", "meta"),
         )
 
@@ -40,20 +63,75 @@ class Checkpointer:
             force=True,
         )
         self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+            path = self.directory / str(step)
+            tmp = path / (CHECKSUMS + ".tmp")
+            tmp.write_text(json.dumps(_digests(path), indent=0))
+            os.replace(tmp, path / CHECKSUMS)  # atomic: the checkpoint is complete from here on
+            for old in self.all_steps()[: -self.keep]:
+                self.manager.delete(old)
         return True
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
     def all_steps(self) -> list[int]:
-        return list(self.manager.all_steps())
+        return sorted(self.manager.all_steps())
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Restores (state, meta) of `step` (default: latest) into the structure/shardings of `target`."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.manager.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    def problem(self, step: int) -> str | None:
+        """None if checkpoint `step` is complete and every file matches its checksum, else what is wrong."""
+        path = self.directory / str(step)
+        try:
+            expected = json.loads((path / CHECKSUMS).read_text())
+        except FileNotFoundError:
+            return "incomplete"
+        except ValueError:
+            return f"{CHECKSUMS} is unreadable"
+        actual = _digests(path)
+        for name, digest in expected.items():
+            if name not in actual:
+                return f"{name} is missing"
+            if actual[name] != digest:
+                return f"{name} does not match its checksum"
+        return None
+
+    def latest_intact(self) -> int | None:
+        """The newest complete checkpoint whose files match their checksums (None: there is none yet).
+
+        Incomplete ones above it are deleted and damaged ones renamed `<step>.damaged`, with a warning.
+        Raises when checkpoints exist but every one is damaged: starting over would discard the run.
+        """
+        problems = {}
+        for step in reversed(self.all_steps()):
+            problems[step] = self.problem(step)
+            if problems[step] is None:
+                break
+        damaged = {s: p for s, p in problems.items() if p not in (None, "incomplete")}
+        if damaged and None not in problems.values():
+            raise RuntimeError(
+                f"every checkpoint in {self.directory} is damaged ("
+                + "; ".join(f"step {s}: {p}" for s, p in damaged.items())
+                + "): restore them from a backup, or delete the directory to start the run over"
+            )
+        for step, why in problems.items():
+            if why == "incomplete":
+                log.warning("checkpoint step %d in %s was not completed (no %s): deleting it", step, self.directory, CHECKSUMS)
+                if jax.process_index() == 0:
+                    shutil.rmtree(self.directory / str(step))
+            elif why is not None:
+                target = self.directory / f"{step}.damaged"
+                log.warning("checkpoint step %d in %s is damaged (%s): falling back to an older one; "
+                            "moved to %s", step, self.directory, why, target)
+                if jax.process_index() == 0:
+                    shutil.rmtree(target, ignore_errors=True)
+                    (self.directory / str(step)).rename(target)
+        self.manager.reload()
+        return next((s for s, p in problems.items() if p is None), None)
+
+    def read_meta(self, step: int) -> dict:
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+    def restore(self, target: Any, step: int) -> tuple[Any, dict]:
+        """Restores (state, meta) of `step` into the structure/shardings of `target` (None: as saved,
+        on the default device)."""
+        abstract = None if target is None else jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         out = self.manager.restore(
             step,
             args=ocp.args.Composite(

@@ -8,6 +8,8 @@ the table in docs/presets.md); both are re-exported here.
 
 import dataclasses
 import difflib
+import json
+import math
 import types
 import typing
 
@@ -16,6 +18,13 @@ from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig
 from grpo_jax.data.templates import PLAIN, PromptTemplate
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.rewards.functions import RewardConfig
+
+
+def _check(owner: str, checks: dict[str, tuple[bool, str]], obj) -> None:
+    """Raises for the first field whose check fails: `{owner}.{field}={value} {why}`."""
+    for name, (ok, why) in checks.items():
+        if not ok:
+            raise ValueError(f"{owner}.{name}={getattr(obj, name)!r} {why}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,17 +51,14 @@ class SamplingConfig:
     stop_tokens: tuple[int, ...] = ()  # besides ModelConfig.eos_token_id
 
     def __post_init__(self):
-        checks = {
+        _check("SamplingConfig", {
             "max_prompt_len": (self.max_prompt_len >= 1, "must be >= 1"),
             "max_new_tokens": (self.max_new_tokens >= 1, "must be >= 1"),
             "group_size": (self.group_size >= 1, "must be >= 1 (completions per prompt)"),
-            "temperature": (self.temperature > 0, "must be > 0; for argmax decoding set greedy=True"),
+            "temperature": (0 < self.temperature < math.inf, "must be finite and > 0; for argmax decoding set greedy=True"),
             "top_k": (self.top_k >= 0, "must be >= 0 (0 disables top-k)"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1] (1 disables top-p)"),
-        }
-        for name, (ok, why) in checks.items():
-            if not ok:
-                raise ValueError(f"SamplingConfig.{name}={getattr(self, name)!r} {why}")
+        }, self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +75,16 @@ class OptimConfig:
     max_grad_norm: float = 1.0  # 0: no clipping
 
     def __post_init__(self):
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"optim.schedule={self.schedule!r}: use 'constant' or 'cosine'")
+        _check("OptimConfig", {
+            "schedule": (self.schedule in ("constant", "cosine"), "is unknown: use 'constant' or 'cosine'"),
+            "learning_rate": (0 <= self.learning_rate < math.inf, "must be finite and >= 0"),
+            "warmup_steps": (self.warmup_steps >= 0, "must be >= 0 (optimizer steps of linear warmup)"),
+            "weight_decay": (0 <= self.weight_decay < math.inf, "must be finite and >= 0"),
+            "b1": (0 <= self.b1 < 1, "must be in [0, 1) (Adam's first-moment decay)"),
+            "b2": (0 <= self.b2 < 1, "must be in [0, 1) (Adam's second-moment decay)"),
+            "eps": (0 < self.eps < math.inf, "must be finite and > 0"),
+            "max_grad_norm": (0 <= self.max_grad_norm < math.inf, "must be finite and >= 0 (0: no clipping)"),
+        }, self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +120,23 @@ class TrainConfig:
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     export_hf: bool = False  # write the final policy to out_dir/hf as safetensors
+    # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
+    # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
+    max_skipped_steps: int = 3
+
+    def __post_init__(self):
+        _check("TrainConfig", {
+            "steps": (self.steps >= 1, "must be >= 1"),
+            "prompts_per_step": (self.prompts_per_step >= 1, "must be >= 1"),
+            "minibatches": (self.minibatches >= 1, "must be >= 1 (optimizer updates per pass over a rollout batch)"),
+            "micro_batches": (self.micro_batches >= 1, "must be >= 1 (accumulation slices of a minibatch)"),
+            "eval_every": (self.eval_every >= 0, "must be >= 0 (0: evaluate before the first and after the last step)"),
+            "eval_prompts": (self.eval_prompts >= 1, "must be >= 1"),
+            "out_dir": (bool(self.out_dir), "must name the run's directory"),
+            "checkpoint_every": (self.checkpoint_every >= 1, "must be >= 1 (steps between checkpoints)"),
+            "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
+            "max_skipped_steps": (self.max_skipped_steps >= 1, "must be >= 1"),
+        }, self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,45 +183,94 @@ class Config:
                 "Config.model_options applies to model_path checkpoints; for a model from scratch set "
                 f"{', '.join(RUN_FIELDS)} on Config.model"
             )
+        for key, value in flatten(self).items():
+            if any(isinstance(x, float) and not math.isfinite(x) for x in (value if isinstance(value, list) else [value])):
+                raise ValueError(f"Config.{key}={value!r} is not finite; every number of a config must be")
+
+
+def flatten(cfg) -> dict:
+    """A config as flat {"train.steps": 100, ...} with JSON values (tuples as lists): what a checkpoint
+    stores, and what `resume_changes` compares."""
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}", list(value) if isinstance(value, tuple) else value
+
+    return dict(walk(cfg, ""))
+
+
+# Fields that may differ when a run resumes: how long it runs, how often it evaluates and saves, where
+# it writes, how it is laid out and executed. Any other difference (model, data, seed, batch sizes,
+# algorithm, optimizer, rewards) would continue a different run on this one's state and is refused.
+# Mesh and kernel choices keep the math but not the rounding: the continuation matches to float tolerance.
+RESUMABLE = (
+    "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.export_hf", "train.max_skipped_steps", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
+)
+
+
+def resume_changes(saved: dict, now: dict) -> list[str]:
+    """The fields in which `now` (flatten of the run's config) differs from `saved` (a checkpoint's) and may
+    not, as "field: saved -> now" lines. `train.steps` may change (extend or cut a run) only with a
+    constant learning rate: a cosine schedule decays over train.steps, so it sets the trajectory."""
+    now = json.loads(json.dumps(now))  # tuples and lists alike, as stored
+    may_change = RESUMABLE + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
+    return [
+        f"{key}: {saved.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
+        for key in sorted(set(saved) | set(now))
+        if saved.get(key) != now.get(key) and not key.startswith(may_change)
+    ]
 
 
 def override(cfg, assignments: list[str]):
     """Applies `key.path=value` strings (the CLI's --set) to a config; values parse by the field's type.
 
-    `X.preset=NAME` rebuilds X from its class's `from_preset(NAME)` (e.g. algorithm.preset=gspo);
-    presets apply before the other assignments, so explicit fields always win. A key that is not a
-    field is an error suggesting the nearest field names.
+    All assignments to one dataclass apply together and it is validated once, so fields that must
+    agree (reward.names and reward.weights) change together. `X.preset=NAME` rebuilds X from its
+    class's `from_preset(NAME)` (e.g. algorithm.preset=gspo) before X's other assignments, so explicit
+    fields always win. A key that is not a field is an error suggesting the nearest field names.
     """
-    parsed = []
+    tree: dict = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep:
             raise ValueError(f"--set {assignment!r}: expected key=value, e.g. train.steps=100")
-        parsed.append((key.strip(), text.strip()))
-    for key, text in sorted(parsed, key=lambda kv: not kv[0].endswith(".preset")):
-        cfg = _set(cfg, key.split("."), text, key)
-    return cfg
+        *parents, leaf = key.strip().split(".")
+        node = tree
+        for name in parents:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key.strip()}: {name} is also set as a whole")
+        node[leaf] = (key.strip(), text.strip())
+    return _apply(cfg, tree, "")
 
 
-def _set(obj, path: list[str], text: str, full_key: str):
+def _apply(obj, tree: dict, prefix: str):
+    """`obj` with the assignments of `tree` ({field: subtree | (key, text)}) applied, validated once."""
     if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"--set {full_key}: {type(obj).__name__} has no fields to set")
-    if path == ["preset"] and hasattr(obj, "from_preset"):
-        return type(obj).from_preset(text)
+        raise ValueError(f"--set {prefix}...: {type(obj).__name__} has no fields to set")
+    if "preset" in tree and hasattr(obj, "from_preset"):
+        obj = type(obj).from_preset(tree.pop("preset")[1])
     names = [f.name for f in dataclasses.fields(obj)]
-    name = path[0]
-    if name not in names:
-        near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = f"did you mean {' or '.join(repr(n) for n in near)}?" if near else f"fields: {', '.join(names)}"
-        raise ValueError(f"--set {full_key}: {type(obj).__name__} has no field {name!r}; {hint}")
-    if len(path) > 1:
-        return dataclasses.replace(obj, **{name: _set(getattr(obj, name), path[1:], text, full_key)})
-    hint = typing.get_type_hints(type(obj))[name]
-    try:
-        value = _parse(text, hint)
-    except ValueError as e:
-        raise ValueError(f"--set {full_key}={text}: {e}") from None
-    return dataclasses.replace(obj, **{name: value})
+    changes = {}
+    for name, sub in tree.items():
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(repr(n) for n in near)}?" if near else f"fields: {', '.join(names)}"
+            raise ValueError(f"--set {prefix}{name}: {type(obj).__name__} has no field {name!r}; {hint}")
+        if isinstance(sub, dict):
+            changes[name] = _apply(getattr(obj, name), sub, f"{prefix}{name}.")
+            continue
+        key, text = sub
+        try:
+            changes[name] = _parse(text, typing.get_type_hints(type(obj))[name])
+        except ValueError as e:
+            raise ValueError(f"--set {key}={text}: {e}") from None
+    return dataclasses.replace(obj, **changes)
 
 
 def _parse(text: str, hint):

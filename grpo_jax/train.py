@@ -2,12 +2,14 @@
 
 An experiment config is a Python file whose `get_config()` returns a `grpo_jax.config.Config`
 (config as code); `--set` overrides any field, parsed by the field's type. A run resumes from the
-latest checkpoint in `train.out_dir` if there is one.
+latest intact checkpoint in `train.out_dir` if there is one (grpo_jax/run.py); Ctrl-C or SIGTERM
+saves the step in flight and exits with 130 or 143.
 """
 
 import argparse
 import importlib.util
 import pathlib
+import sys
 
 from grpo_jax.config import Config, override
 
@@ -39,9 +41,12 @@ def parse_args(argv=None) -> Config:
 
 
 def main(argv=None):
-    from grpo_jax import trainer
+    from grpo_jax import run
 
-    trainer.train(parse_args(argv))
+    try:
+        run.train(parse_args(argv))
+    except KeyboardInterrupt:  # the driver has said what it saved
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
-4. log, evaluate on held-out prompts (greedy and sampled accuracy), checkpoint.
+4. evaluate on held-out prompts (greedy and sampled accuracy).
+
+The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_jax/run.py`.
 """
 
 import dataclasses
@@ -26,10 +28,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
-from grpo_jax import logging as run_logging
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, ModelOptions
+from grpo_jax.config import Config, FileTaskConfig, ModelOptions, flatten
 
 # Rewards that score correctness: the first of these in the run is its "accuracy".
 CORRECTNESS_REWARDS = ("exact", "math", "countdown")
@@ -68,8 +69,14 @@ def build_task(cfg: Config) -> Task:
 
 
 def check(cfg: Config) -> None:
-    """User errors of the run's shape, raised before anything compiles."""
+    """User errors of the run's shape and paths, raised before anything loads or compiles."""
     tr, s = cfg.train, cfg.sampling
+    if cfg.model_path and not (pathlib.Path(cfg.model_path) / "config.json").is_file():
+        where = "has no config.json" if pathlib.Path(cfg.model_path).is_dir() else "does not exist"
+        raise FileNotFoundError(f"model_path={cfg.model_path} {where}: point it at a local Hugging Face model directory")
+    out = pathlib.Path(tr.out_dir)
+    if any(p.exists() and not p.is_dir() for p in (out, out / "checkpoints")):
+        raise ValueError(f"train.out_dir={tr.out_dir}: a file is in the way of the run directory; move it or set another out_dir")
     rows = tr.prompts_per_step * s.group_size
     if rows % (tr.minibatches * tr.micro_batches):
         raise ValueError(
@@ -80,6 +87,28 @@ def check(cfg: Config) -> None:
         raise ValueError(f"sampling.group_size={s.group_size}: group advantages need at least 2 samples per prompt")
 
 
+def check_prompts(cfg: Config, task: Task) -> None:
+    """Every prompt of a training file and of the held-out set fits `sampling.max_prompt_len` (checked
+    up front: otherwise a bad record fails only when drawn, mid-run). Synthetic training tasks are
+    endless; their prompts are checked as each batch is drawn."""
+    tok, width = task.tokenizer, cfg.sampling.max_prompt_len
+    chat = getattr(tok, "apply_chat_template", None)
+    file_task = isinstance(cfg.task, FileTaskConfig)
+    sets = [(task.held_out, cfg.task.eval_path if file_task else "the held-out set")]
+    if file_task:
+        sets.append((task.train, cfg.task.path))
+    for examples, source in sets:
+        for i in range(len(examples)):
+            where = f"{source}: example {i} (prompt {examples[i]['prompt'][:40]!r})"
+            try:
+                n = len(tok.encode(data.render(cfg.template, examples[i], chat)))
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            if not 0 < n <= width:
+                raise ValueError(f"{where} renders to {n} tokens; sampling.max_prompt_len={width}: raise it, "
+                                 "or remove the example")
+
+
 class Trainer:
     """Holds the mesh, the compiled pieces and the train state of one run."""
 
@@ -87,6 +116,7 @@ class Trainer:
         check(cfg)
         self.mesh = sharding.make_mesh(cfg.mesh)
         self.task = build_task(cfg)
+        check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
         if cfg.model_path:
             model_cfg, loaded = models.load_hf(cfg.model_path, mesh=self.mesh, **cfg.model_options.as_dict())
@@ -140,7 +170,7 @@ class Trainer:
         g = sampling_cfg.group_size
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
-        scores, metrics = rewards.score(
+        scores, failed, metrics = rewards.score(
             self.task.reward_fns,
             self.cfg.reward.weights,
             np.repeat(texts, g).tolist(),
@@ -154,6 +184,7 @@ class Trainer:
         return dict(
             prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
+            usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
 
     def rollout_batch(self, rng) -> tuple[tuple[np.ndarray, ...], dict]:
@@ -181,6 +212,7 @@ class Trainer:
             signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
             s["informative"] = np.ptp(signal.reshape(-1, g), axis=1) > 0
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
+            keep &= s["usable"]  # reward failures: rewards.usable_groups
             drawn.append(s)
             kept += [(s, i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
@@ -314,45 +346,14 @@ class Trainer:
             state["ref"] = self.ref_params
         return state
 
-    def save(self, ckpt: checkpoint.Checkpointer, force: bool = False) -> None:
-        ckpt.save(self.step, self.checkpoint_state(), {"step": self.step, "data_position": self.position}, force)
+    def save(self, ckpt: checkpoint.Checkpointer, force: bool = False) -> bool:
+        """Checkpoints the state (valid only between steps); the config goes with it, for `run.py`'s
+        resume check."""
+        meta = {"step": self.step, "data_position": self.position, "config": flatten(self.cfg)}
+        return ckpt.save(self.step, self.checkpoint_state(), meta, force)
 
-    def restore(self, ckpt: checkpoint.Checkpointer) -> None:
-        state, meta = ckpt.restore(self.checkpoint_state())
+    def restore(self, ckpt: checkpoint.Checkpointer, step: int) -> None:
+        state, meta = ckpt.restore(self.checkpoint_state(), step)
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
         self.ref_params = state.get("ref")
         self.step, self.position = meta["step"], meta["data_position"]
-
-
-def train(cfg: Config, params=None) -> dict:
-    """Runs (or resumes) a whole RL run; returns the first and last evaluation, the wall time and the
-    final params."""
-    start = time.perf_counter()
-    trainer = Trainer(cfg, params)
-    cfg, tr = trainer.cfg, trainer.cfg.train
-    out = pathlib.Path(tr.out_dir)
-    ckpt = checkpoint.Checkpointer(out / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
-    if ckpt.latest_step() is not None:
-        trainer.restore(ckpt)
-    logger = run_logging.MetricsLogger(out, tr.steps, initial_step=trainer.step)
-    first = trainer.evaluate() if trainer.step == 0 else None
-    if first:
-        logger.log(0, first)
-    last = first
-    try:
-        while trainer.step < tr.steps:
-            metrics, _ = trainer.train_step()
-            if tr.eval_every and trainer.step % tr.eval_every == 0 and trainer.step < tr.steps:
-                metrics.update(trainer.evaluate())
-            logger.log(trainer.step, metrics)
-            trainer.save(ckpt)
-        last = trainer.evaluate()
-        logger.log(trainer.step, last)
-    finally:
-        trainer.save(ckpt, force=True)
-        ckpt.close()
-        logger.close()
-    if tr.export_hf and jax.process_index() == 0:
-        checkpoint.export_hf(cfg.model, trainer.state.params, out / "hf", tokenizer_dir=trainer.source_path)
-    return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
-            "params": trainer.state.params}

@@ -1,4 +1,4 @@
-"""Checkpointer: interval and retention, exact restore with shardings, JSON meta."""
+"""Checkpointer: interval and retention, exact restore with shardings, JSON meta, checksums and fallback."""
 
 import jax
 import jax.numpy as jnp
@@ -29,15 +29,40 @@ def test_restore_is_exact_and_sharded(tmp_path):
     state["w"] = jax.device_put(jnp.arange(32.0).reshape(8, 4), sharding)
     ckpt = Checkpointer(tmp_path, every=1, keep=1)
     ckpt.save(5, state, {"position": [5, 17], "seed": 0})
-    restored, meta = Checkpointer(tmp_path, every=1, keep=1).restore(state)
+    restored, meta = Checkpointer(tmp_path, every=1, keep=1).restore(state, 5)
     assert meta == {"position": [5, 17], "seed": 0}
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert restored["w"].sharding == sharding
 
 
-def test_restore_without_checkpoint_names_directory(tmp_path):
+def test_latest_intact_skips_damage_and_unfinished_saves(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, every=1, keep=3)
+    for step in (1, 2, 3):
+        ckpt.save(step, _state(step), {"position": step})
+    assert ckpt.latest_intact() == 3
+    # Step 3's save was cut short before its checksums; a bit of step 2's array data flipped.
+    (tmp_path / "3" / "checksums.json").unlink()
+    data = max((p for p in (tmp_path / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[-20] ^= 0x10
+    data.write_bytes(bytes(raw))
+    assert ckpt.latest_intact() == 1
+    assert "step 3" in caplog.text and "was not completed" in caplog.text
+    assert "step 2" in caplog.text and "does not match its checksum" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2.damaged"]
+    restored, meta = ckpt.restore(_state(0), 1)
+    assert meta == {"position": 1} and float(restored["w"][0, 0]) == 1.0
+    assert ckpt.save(2, _state(2), {"position": 2})  # the run goes on past the damaged step
+    assert ckpt.latest_intact() == 2
+
+
+def test_latest_intact_refuses_when_every_checkpoint_is_damaged(tmp_path):
     import pytest
 
-    with pytest.raises(FileNotFoundError, match=str(tmp_path.name)):
-        Checkpointer(tmp_path, every=1, keep=1).restore(_state(0))
+    ckpt = Checkpointer(tmp_path, every=1, keep=2)
+    assert ckpt.latest_intact() is None  # nothing saved yet: a fresh run
+    ckpt.save(1, _state(1), {"position": 1})
+    (tmp_path / "1" / "meta" / "metadata").write_text('{"position": 7}')  # edited by hand
+    with pytest.raises(RuntimeError, match=r"every checkpoint in .* is damaged \(step 1: meta/metadata does not match"):
+        ckpt.latest_intact()

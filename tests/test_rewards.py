@@ -149,7 +149,7 @@ def test_score_shapes_values_and_metrics():
     cfg = RewardConfig(names=("math", "format", "length"), weights=(1.0, 0.5, 1.0))
     completions = ["\\boxed{\\frac{1}{2}}", "#### 1,234", "maybe 7"]
     examples = [HALF, GSM, {"answer": "-7"}]
-    rewards, metrics = score(
+    rewards, _, metrics = score(
         cfg.functions(max_len=16), cfg.weights, ["q"] * 3, completions, examples, completion_lens=[3, 14, 20]
     )
     assert rewards.dtype == np.float32 and rewards.shape == (3, 3)
@@ -163,12 +163,12 @@ def test_score_shapes_values_and_metrics():
 
 def test_score_counts_exceptions_and_bad_inputs():
     fns = (REWARDS["exact"], failing_reward, lambda *a, **k: 1.0)  # a lambda cannot be pickled
-    rewards, metrics = score(fns, (1.0, 1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 1"], [GSM, GSM])
+    rewards, _, metrics = score(fns, (1.0, 1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 1"], [GSM, GSM])
     np.testing.assert_array_equal(rewards, [[1, 0, 0], [0, 0, 0]])
     assert metrics["reward/failing_reward/errors"] == 2
     assert metrics["reward/<lambda>/errors"] == 2
     assert metrics["reward/errors"] == 4 and metrics["reward/timeouts"] == 0
-    rewards, metrics = score((dying_reward, REWARDS["exact"]), (1.0, 1.0), ["q"], ["#### 1234"], [GSM])
+    rewards, _, metrics = score((dying_reward, REWARDS["exact"]), (1.0, 1.0), ["q"], ["#### 1234"], [GSM])
     np.testing.assert_array_equal(rewards, [[0, 1]])
     assert metrics["reward/dying_reward/errors"] == 1
     assert all(w.process.is_alive() for w in scoring._POOLS[2].workers)  # the dead worker was replaced
@@ -182,7 +182,7 @@ def test_score_timeout_kills_the_worker_and_goes_on():
     score((pid_reward,), (1.0,), ["q"], ["c"], [GSM])  # make sure the default pool is up
     before = {w.process.pid for w in scoring._POOLS[2].workers}
     start = time.monotonic()
-    rewards, metrics = score(
+    rewards, _, metrics = score(
         (sleepy_reward, REWARDS["exact"]), (1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 9"], [GSM, GSM], timeout_s=1.0
     )
     assert time.monotonic() - start < 20  # not the 60 s the reward wanted
@@ -192,5 +192,5 @@ def test_score_timeout_kills_the_worker_and_goes_on():
     after = {w.process.pid for w in scoring._POOLS[2].workers}
     assert not before & after  # both sleeping workers were replaced...
     assert not any(os.path.exists(f"/proc/{pid}") for pid in before)  # ...killed and reaped
-    rewards, _ = score((pid_reward,), (1.0,), ["q"] * 4, ["c"] * 4, [GSM] * 4)
+    rewards, _, _ = score((pid_reward,), (1.0,), ["q"] * 4, ["c"] * 4, [GSM] * 4)
     assert set(rewards[:, 0].astype(int)) <= after  # and the replacements serve

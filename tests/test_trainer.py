@@ -1,16 +1,20 @@
-"""The host loop: every preset end to end, mu > 1 semantics, dynamic sampling, kill and resume."""
+"""The host loop: every preset end to end, mu > 1 semantics, dynamic sampling, stops mid-step and resume."""
 
 import dataclasses
 import json
+import shutil
+import signal
 
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax import algorithms, models, trainer
+import fault_rewards
+from grpo_jax import algorithms, checkpoint, models, run, trainer
+from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
 from grpo_jax.data import CharTokenizer
-from grpo_jax.rewards import RewardConfig
+from grpo_jax.rewards import RewardConfig, functions
 
 MODEL = models.ModelConfig(
     model_type="qwen3", vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
@@ -110,37 +114,96 @@ def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward(tmp_path, 
     assert metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches and host[3].sum() == 0
 
 
-def test_kill_and_resume_continues_the_same_trajectory(tmp_path, monkeypatch):
-    cfg = config(tmp_path / "run", steps=2)  # one config (and one compilation) for all three runs
-    straight = trainer.train(cfg)
-    (tmp_path / "run").rename(tmp_path / "straight")
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted 3-step run (2 updates a step, checkpoints at steps 2 and 3), moved to `straight/`
+    once done: the other runs reuse its directory name, so their configs (and compilations) are the same."""
+    tmp = tmp_path_factory.mktemp("resume")
+    result = run.train(config(tmp / "run", steps=3, checkpoint_every=2))
+    (tmp / "run").rename(tmp / "straight")
+    return tmp, result
 
-    real_step = trainer.Trainer.train_step
 
-    def killed_after_1(self):
-        if self.step == 1:
-            raise KeyboardInterrupt  # a kill after N/2 = 1 step; the exit path still checkpoints
-        return real_step(self)
+def rows(out) -> list[dict]:
+    """metrics.jsonl without the wall-clock metrics, which differ between any two runs."""
+    timing = ("time/", "throughput/", "reward/time_s")
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(timing)}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
 
-    monkeypatch.setattr(trainer.Trainer, "train_step", killed_after_1)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(cfg)
-    monkeypatch.setattr(trainer.Trainer, "train_step", real_step)
-    resumed = trainer.train(cfg)
 
-    rows = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-            for name in ("straight", "run")}
-    by_step = {name: {r["step"]: r for r in rs if "reward/mean" in r} for name, rs in rows.items()}
-    assert sorted(by_step["run"]) == sorted(by_step["straight"]) == [1, 2]
-    a, b = by_step["straight"][2], by_step["run"][2]  # the step after the resume
-    for key in ("reward/mean", "loss", "grad_norm", "completion/length_mean", "ratio_max"):
-        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
-    assert straight["last_eval"] == resumed["last_eval"]
-    for a, b in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(resumed["params"])):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
-    for name in ("straight", "run"):
-        assert (tmp_path / name / "curves.png").stat().st_size > 0
-        assert list((tmp_path / name / "tensorboard").iterdir())
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "error"])
+def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
+    """A stop between the two updates of step 2, which has no checkpoint yet. SIGINT and SIGTERM finish
+    the step and save it; an error saves nothing (the state is half-updated, the data position past
+    step 2's prompts), so the run restarts. Either way the resumed run ends bit for bit where the
+    uninterrupted one does, with each step logged once."""
+    tmp, reference = straight
+    shutil.rmtree(tmp / "run", ignore_errors=True)
+    compiled = ts.compiled_train_step
+    calls = []
+
+    def stopping_at_update_3(*key):
+        optimizer, state_sharding, ref_sharding, update = compiled(*key)
+
+        def update_then_stop(*args):
+            out = update(*args)  # consumes (donates) the state it was given
+            calls.append(1)
+            if len(calls) == 3:
+                if stop == "error":
+                    raise RuntimeError("a failure mid-step")
+                signal.raise_signal(getattr(signal, stop))
+            return out
+
+        return optimizer, state_sharding, ref_sharding, update_then_stop
+
+    monkeypatch.setattr(trainer.ts, "compiled_train_step", stopping_at_update_3)
+    expected = {"SIGINT": KeyboardInterrupt, "SIGTERM": SystemExit, "error": RuntimeError}[stop]
+    with pytest.raises(expected):
+        run.train(config(tmp / "run", steps=3, checkpoint_every=2))
+    monkeypatch.undo()
+    saved = checkpoint.Checkpointer(tmp / "run" / "checkpoints", 1, 2).all_steps()
+    assert saved == ([] if stop == "error" else [2])
+    assert "stopped after step 2" in capsys.readouterr().out or stop == "error"
+
+    resumed = run.train(config(tmp / "run", steps=3, checkpoint_every=2))
+    for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed["last_eval"] == reference["last_eval"]
+    assert rows(tmp / "run") == rows(tmp / "straight")  # steps 0..3, each once, the same values
+
+    again = run.train(config(tmp / "run", steps=3, checkpoint_every=2))  # a finished run says so, does nothing
+    assert "run complete" in capsys.readouterr().out
+    assert rows(tmp / "run") == rows(tmp / "straight")
+    assert again["first_eval"] == reference["first_eval"] and again["last_eval"] == reference["last_eval"]
+
+
+def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, monkeypatch, caplog):
+    """A reward that returns nan for every completion of one of the step's two prompts: the failures are
+    counted and logged under its name and that group is dropped, so the update's inputs stay finite (a
+    nan reward used to make every later update non-finite, hence skipped)."""
+    monkeypatch.setitem(functions.REWARDS, "nan_for_odd", fault_rewards.nan_for_odd_answers)
+    cfg = dataclasses.replace(
+        config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
+    t = trainer.Trainer(cfg)
+    assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
+    (tokens, positions, segments, mask, sampler_logp, advantages), metrics = t.rollout_batch(jax.random.key(0))
+    assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
+    assert "reward 'nan_for_odd_answers': 4 of 8 call(s) failed (nonfinite)" in caplog.text
+    assert np.isfinite(advantages).all() and np.isfinite(metrics["reward/mean"])
+    assert np.abs(advantages[:4]).sum() > 0 and mask[:4].any()  # the even prompt's group learns
+    assert not mask[4:].any() and not advantages[4:].any()  # the odd one's rows are masked padding
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e39 as float32: the point
+def test_a_run_that_only_skips_stops_with_the_cause_and_step(tmp_path):
+    """A learning rate that overflows float32 makes every update non-finite: after one step's worth of
+    consecutive skipped updates the run stops, saving nothing (no checkpoint was due yet)."""
+    cfg = config(tmp_path, steps=4, checkpoint_every=2, max_skipped_steps=1)
+    cfg = dataclasses.replace(cfg, optim=OptimConfig(learning_rate=1e39))
+    with pytest.raises(RuntimeError, match=r"step [12]: the last \d updates were all skipped \(non-finite "
+                                           r"(loss|gradient|parameters)\); stopping, unsaved"):
+        run.train(cfg)
+    assert checkpoint.Checkpointer(tmp_path / "checkpoints", 1, 1).all_steps() == []
 
 
 def test_truncation_masking_and_truncated_importance_sampling(tmp_path):

@@ -31,7 +31,7 @@ def get_config() -> Config:
         optim=OptimConfig(learning_rate=8e-4, schedule="cosine", warmup_steps=10, max_grad_norm=1.0),
         train=TrainConfig(
             steps=400, prompts_per_step=64, minibatches=2, micro_batches=1, eval_prompts=128,
-            eval_every=100, out_dir="runs/quickstart", checkpoint_every=1000,
+            eval_every=100, out_dir="runs/quickstart", checkpoint_every=100,
             keep_checkpoints=1,
         ),
     )

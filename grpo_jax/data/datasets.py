@@ -17,6 +17,8 @@ from grpo_jax.rewards.answers import last_boxed
 def parse_gsm8k(record: dict) -> dict:
     """{"question", "answer": "...reasoning...\\n#### 1,234"} -> answer "1234" (commas dropped)."""
     solution = record["answer"]
+    if not record["question"].strip():
+        raise ValueError("the question is empty")
     if "####" not in solution:
         raise ValueError("GSM8K answer has no '#### <final answer>' line")
     return {"prompt": record["question"], "answer": solution.rsplit("####", 1)[1].strip().replace(",", ""), "solution": solution}
@@ -25,6 +27,8 @@ def parse_gsm8k(record: dict) -> dict:
 def parse_math(record: dict) -> dict:
     """{"problem", "solution": "... \\boxed{x} ..."} -> answer "x" (the last \\boxed{})."""
     answer = last_boxed(record["solution"])
+    if not record["problem"].strip():
+        raise ValueError("the problem is empty")
     if answer is None:
         raise ValueError("MATH solution has no \\boxed{...} final answer")
     return {"prompt": record["problem"], "answer": answer, "solution": record["solution"]}
@@ -45,8 +49,18 @@ def load_examples(path: str | pathlib.Path, format: str) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist; give a local .jsonl or .parquet path")
     if path.suffix == ".jsonl":
-        lines = path.read_text().splitlines()
-        records = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        records = []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {n} is not JSON ({e.msg}, column {e.colno}): fix or delete the line") from None
     elif path.suffix == ".parquet":
         import pyarrow.parquet  # only parquet users need pyarrow
 
@@ -57,8 +71,10 @@ def load_examples(path: str | pathlib.Path, format: str) -> list[dict]:
     for n, record in records:
         try:
             examples.append(parse(record))
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"{path} record {n} is not {format} format ({type(e).__name__}: {e})") from e
+        except KeyError as e:
+            raise ValueError(f"{path} record {n} is not {format} format: it has no field {e}") from None
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ValueError(f"{path} record {n} is not {format} format ({type(e).__name__}: {e})") from None
     return examples
 
 

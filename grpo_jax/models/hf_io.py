@@ -117,10 +117,20 @@ def _leaves(cfg: ModelConfig) -> tuple[list[_Leaf], Any]:
 
 # ----------------------------------------------------------------------------- safetensors files
 def _read_header(file: pathlib.Path) -> tuple[dict[str, Any], int]:
+    """The tensor entries of a safetensors file and where its data start, checked against its size."""
+    size = file.stat().st_size
     with open(file, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        try:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError(f"a header of {n} bytes in a file of {size}")
+            header = json.loads(f.read(n))
+        except (struct.error, ValueError) as e:
+            raise ValueError(f"{file} is not a readable safetensors file ({e}): re-download or re-export it") from None
     header.pop("__metadata__", None)
+    end = 8 + n + max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    if end > size:
+        raise ValueError(f"{file} is truncated: its tensors end at byte {end} but it has {size}; re-download it")
     return header, 8 + n
 
 
@@ -181,6 +191,8 @@ def load_hf(
     run = {"dtype": dtype, "compute_dtype": dtype, **overrides}
     try:
         cfg = ModelConfig.from_hf(json.loads(config_file.read_text()), **run)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_file} is not valid JSON ({e.msg}, line {e.lineno})") from None
     except KeyError as e:
         raise ValueError(f"{config_file}: required field {e} is missing") from None
     except ValueError as e:

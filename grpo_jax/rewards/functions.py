@@ -10,6 +10,7 @@ algorithm: `AlgorithmConfig.overlong_buffer_frac`, applied by the trainer.)
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 
 from grpo_jax.rewards import answers
@@ -52,6 +53,8 @@ def length_penalty(prompt: str, completion: str, example: dict, *, completion_le
     return -completion_len / max_len
 
 
+ON_FAILURE = ("drop_group", "zero")
+
 REWARDS: dict[str, RewardFn] = {
     "exact": exact_match,
     "math": math_equal,
@@ -64,13 +67,16 @@ REWARDS: dict[str, RewardFn] = {
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     """Which rewards a run uses and how they are run. `weights[k]` multiplies `names[k]`; the
-    algorithm combines them (sum then normalize, or normalize then sum). A call slower than
-    `timeout_s` scores 0 and is counted; `num_workers` processes score in parallel."""
+    algorithm combines them (sum then normalize, or normalize then sum). `num_workers` processes
+    score in parallel. A call that raises, takes longer than `timeout_s` or returns a non-finite
+    number (nan, inf, or beyond float32) is a failure: counted per reward, and by `on_failure` its
+    group is dropped from the update ("drop_group") or the call scores 0 ("zero")."""
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
     timeout_s: float = 5.0
     num_workers: int = 2
+    on_failure: str = "drop_group"
 
     def __post_init__(self):
         unknown = [n for n in self.names if n not in REWARDS]
@@ -80,8 +86,12 @@ class RewardConfig:
             raise ValueError(
                 f"RewardConfig.weights has {len(self.weights)} entries for {len(self.names)} names; give one weight per name"
             )
-        if self.timeout_s <= 0 or self.num_workers < 1:
-            raise ValueError("RewardConfig.timeout_s must be > 0 and RewardConfig.num_workers >= 1")
+        if not 0 < self.timeout_s < math.inf or self.num_workers < 1:
+            raise ValueError("RewardConfig.timeout_s must be finite and > 0 and RewardConfig.num_workers >= 1")
+        if not all(math.isfinite(w) for w in self.weights):
+            raise ValueError(f"RewardConfig.weights={self.weights} must be finite")
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"RewardConfig.on_failure={self.on_failure!r}: use one of {ON_FAILURE}")
 
     def functions(self, max_len: int) -> tuple[RewardFn, ...]:
         """The reward functions, with the length limit `max_len` (SamplingConfig.max_new_tokens) bound."""

@@ -3,28 +3,77 @@
 Why processes: math verification can hang on adversarial completions, inside sympy or in C
 (big-integer arithmetic), and a Python thread cannot be stopped. Each call goes to an idle worker
 over a pipe; if it has not answered within `timeout_s` the parent kills that worker (SIGKILL) and
-starts a fresh one, so nothing leaks. A timeout or an exception scores 0 and is counted in the
-metrics; the run goes on. Workers are spawned (not forked: the parent runs JAX threads), started
-once per `num_workers` on first use, ignore Ctrl-C (the parent handles it) and die with the parent.
-Reward functions must therefore be picklable: module-level functions, or functools.partial of
-them. A spawned worker imports the parent's `__main__`, so scripts need `if __name__ == "__main__"`.
+starts a fresh one, so nothing leaks. A replacement starts in the background: the result loop never
+waits for it, so healthy calls cannot time out while it imports. A call that raises, times out or
+returns a non-finite number (or one beyond float32) is a failure: it scores 0, is counted and
+logged per reward, and `failed` marks it for the caller's policy (`usable_groups`). Workers are
+spawned (not forked: the parent runs JAX threads), started once per `num_workers` on first use,
+ignore SIGINT and SIGTERM (the trainer handles them and ends the workers at exit) and die with the
+trainer, even stuck in a hung call. Reward functions must therefore be picklable: module-level
+functions, or functools.partial of them. A spawned worker imports the parent's `__main__`, so
+scripts need `if __name__ == "__main__"`.
 """
 
+import atexit
 import collections
+import contextlib
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from jaxtyping import Float
+from jaxtyping import Bool, Float
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the trainer's to handle; workers ignore them
+log = logging.getLogger(__name__)
 
 
-def _serve(conn: multiprocessing.connection.Connection) -> None:
+@contextlib.contextmanager
+def _children_ignore_signals():
+    """Processes started inside ignore SIGINT and SIGTERM from their first instruction (an ignored
+    signal stays ignored across exec), so a Ctrl-C to the process group cannot kill a worker while it
+    imports. Meanwhile the trainer's own signals are held (blocked), not lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; such workers ignore the signals once serving
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ends this worker when the trainer dies, however it dies: Linux sends SIGKILL on the parent's
+    death (prctl), which reaches a call stuck in C; elsewhere a thread polls for the parent."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except AttributeError:  # no prctl: not Linux
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _serve(conn: multiprocessing.connection.Connection, parent: int) -> None:
     """Worker loop: receive (fn, args, kwargs), answer (ok, float or error text)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    _die_with_parent(parent)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # we own the timeouts, not math-verify
     conn.send("ready")
     while True:
@@ -39,17 +88,16 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
 
 
 class _Worker:
+    """A worker process, started without waiting: `ready` once it has said so."""
+
     def __init__(self):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.process.start()
+        self.process = ctx.Process(target=_serve, args=(child, os.getpid()), daemon=True)
+        with _children_ignore_signals():
+            self.process.start()
         child.close()
-
-    def wait_ready(self) -> "_Worker":
-        if self.conn.recv() != "ready":
-            raise RuntimeError("reward worker failed to start")
-        return self
+        self.ready = False
 
     def kill(self) -> None:
         self.process.kill()
@@ -61,19 +109,37 @@ class _Pool:
     """`size` workers; `run` maps jobs to ("ok" | "error" | "timeout", value) in order."""
 
     def __init__(self, size: int):
-        self.workers = [w.wait_ready() for w in [_Worker() for _ in range(size)]]
+        self.workers = [_Worker() for _ in range(size)]
+        atexit.register(self.close)  # before multiprocessing's exit hook, which would SIGTERM them
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
-        fresh = _Worker().wait_ready()
+        fresh = _Worker()
         self.workers[self.workers.index(worker)] = fresh
         return fresh
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.kill()
 
     def run(self, jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, float | str]]:
         results: list = [None] * len(jobs)
         pending = collections.deque(enumerate(jobs))
-        idle = list(self.workers)
+        idle = [w for w in self.workers if w.ready]
+        starting = {w.conn: w for w in self.workers if not w.ready}
         busy: dict = {}  # connection -> (worker, job index, deadline)
+
+        def answer(conn) -> None:
+            worker, i, _ = busy.pop(conn)
+            try:
+                ok, value = conn.recv()
+                results[i] = ("ok", value) if ok else ("error", value)
+                idle.append(worker)
+            except EOFError:  # the worker died (e.g. a segfault in a native library)
+                results[i] = ("error", "reward worker died")
+                fresh = self._replace(worker)
+                starting[fresh.conn] = fresh
+
         try:
             while pending or busy:
                 while pending and idle:
@@ -83,30 +149,44 @@ class _Pool:
                     except Exception as e:  # noqa: BLE001 (an unpicklable reward function, or a dead worker)
                         if worker.process.is_alive():
                             results[i] = ("error", f"{type(e).__name__}: {e}")
+                            idle.append(worker)
                         else:
-                            worker = self._replace(worker)
+                            fresh = self._replace(worker)
+                            starting[fresh.conn] = fresh
                             pending.appendleft((i, job))
-                        idle.append(worker)
                         continue
                     busy[worker.conn] = (worker, i, time.monotonic() + timeout_s)
-                if not busy:
-                    continue
-                next_deadline = min(deadline for _, _, deadline in busy.values())
-                for conn in multiprocessing.connection.wait(list(busy), max(0.0, next_deadline - time.monotonic())):
-                    worker, i, _ = busy.pop(conn)
-                    try:
-                        ok, value = conn.recv()
-                        results[i] = ("ok", value) if ok else ("error", value)
-                    except EOFError:  # the worker died (e.g. a segfault in a native library)
-                        results[i] = ("error", "reward worker died")
-                        worker = self._replace(worker)
-                    idle.append(worker)
+                if not pending and not busy:
+                    break
+                deadline = min((d for _, _, d in busy.values()), default=None)
+                wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+                for conn in multiprocessing.connection.wait([*busy, *starting], wait_s):
+                    if conn in starting:
+                        worker = starting.pop(conn)
+                        try:
+                            hello = conn.recv()
+                        except EOFError:
+                            hello = None
+                        if hello != "ready":
+                            raise RuntimeError(
+                                f"a reward worker failed to start (exit code {worker.process.exitcode}); a "
+                                "spawned worker imports __main__: guard scripts with if __name__ == '__main__'"
+                            )
+                        worker.ready = True
+                        idle.append(worker)
+                    else:
+                        answer(conn)
                 now = time.monotonic()
                 for conn, (worker, i, deadline) in list(busy.items()):
-                    if deadline <= now:
-                        del busy[conn]
-                        results[i] = ("timeout", f"no answer within {timeout_s}s")
-                        idle.append(self._replace(worker))
+                    if deadline > now:
+                        continue
+                    if conn.poll():  # answered just in time: not a timeout
+                        answer(conn)
+                        continue
+                    del busy[conn]
+                    results[i] = ("timeout", f"no answer within {timeout_s}s")
+                    fresh = self._replace(worker)
+                    starting[fresh.conn] = fresh
         except BaseException:  # e.g. Ctrl-C: a busy worker would answer the next call with a stale result
             for worker, _, _ in busy.values():
                 self._replace(worker)
@@ -131,12 +211,13 @@ def score(
     completion_lens: Sequence[int] | None = None,
     timeout_s: float = 5.0,
     num_workers: int = 2,
-) -> tuple[Float[np.ndarray, "completions rewards"], dict[str, float]]:
-    """Rewards [N, K] (float32, unweighted: the algorithm applies `weights`) and metrics.
+) -> tuple[Float[np.ndarray, "completions rewards"], Bool[np.ndarray, "completions rewards"], dict[str, float]]:
+    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; failed [N, K]; metrics).
 
     Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
     completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
-    when given; length-based rewards need it. `weights` only enter the "reward/total_mean" metric.
+    when given; length-based rewards need it. A failed call scores 0. `weights` only enter the
+    "reward/total_mean" metric.
     """
     n, k = len(completions), len(reward_fns)
     if not len(prompts) == len(examples) == n or (completion_lens is not None and len(completion_lens) != n):
@@ -156,19 +237,31 @@ def score(
         for fn in reward_fns
     ]
     outcomes = _POOLS[num_workers].run(jobs, timeout_s)
-    rewards = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32).reshape(n, k)
-    status = np.array([s for s, _ in outcomes]).reshape(n, k)
+    with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
+        values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
+    status = np.array([s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)])
+    status, failed = status.reshape(n, k), (status != "ok").reshape(n, k)
+    rewards = np.where(failed, 0.0, values.reshape(n, k)).astype(np.float32)
     metrics = {"reward/time_s": time.perf_counter() - start}
     for j, fn in enumerate(reward_fns):
         name = _name(fn)
         metrics[f"reward/{name}/mean"] = float(rewards[:, j].mean()) if n else 0.0
         metrics[f"reward/{name}/std"] = float(rewards[:, j].std()) if n else 0.0
-        metrics[f"reward/{name}/errors"] = float((status[:, j] == "error").sum())
-        metrics[f"reward/{name}/timeouts"] = float((status[:, j] == "timeout").sum())
-    metrics["reward/errors"] = float((status == "error").sum())
-    metrics["reward/timeouts"] = float((status == "timeout").sum())
+        for kind in ("error", "timeout", "nonfinite"):
+            count = int((status[:, j] == kind).sum())
+            metrics[f"reward/{name}/{kind}s"] = float(count)
+            if count:
+                first = next(v for (s, v), st in zip(outcomes[j::k], status[:, j]) if st == kind)
+                log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", name, count, n, kind, first)
+    for kind in ("error", "timeout", "nonfinite"):
+        metrics[f"reward/{kind}s"] = float((status == kind).sum())
     metrics["reward/total_mean"] = float((rewards @ np.asarray(weights, np.float32)).mean()) if n else 0.0
-    first_error = next((v for s, v in outcomes if s == "error"), None)
-    if first_error is not None:
-        logging.getLogger(__name__).warning("%d reward call(s) failed, first: %s", metrics["reward/errors"], first_error)
-    return rewards, metrics
+    return rewards, failed, metrics
+
+
+def usable_groups(failed: Bool[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
+    """Per group of `group_size` rows: may it enter the update? With `on_failure="drop_group"` (see
+    RewardConfig) a group with any failed reward call is dropped; with "zero" its failures score 0."""
+    if on_failure == "zero":
+        return np.ones(len(failed) // group_size, bool)
+    return ~failed.reshape(-1, group_size * failed.shape[1]).any(axis=1)

@@ -1,0 +1,153 @@
+"""The run driver: resume, signals, logs and checkpoint cadence around the `Trainer`'s steps.
+
+A run can stop at any moment and continue exactly, because only states at step boundaries are
+ever saved:
+
+- SIGINT (Ctrl-C) and SIGTERM (preemption) finish the step in flight, save it and stop
+  (KeyboardInterrupt, or SystemExit(143) for SIGTERM); a second signal abandons the step, unsaved.
+- An exception inside a step saves nothing (the state is half-updated; the last checkpoint is the
+  consistent one), as a kill would.
+- A resume takes the newest intact checkpoint (`Checkpointer.latest_intact`: checksummed, with a
+  fallback), refuses a config that differs from the checkpoint's in a field that changes the
+  trajectory (`config.RESUMABLE` lists the fields that may change) and drops the log rows past it.
+- A run whose checkpoint is at `train.steps` is complete: rerunning it says so and stops.
+- `train.max_skipped_steps` steps' worth of consecutive skipped (non-finite) updates stop the run,
+  unsaved, with the cause and the step.
+"""
+
+import pathlib
+import signal
+import threading
+import time
+
+import jax
+
+from grpo_jax import checkpoint, trainer
+from grpo_jax import train_step as ts
+from grpo_jax import logging as run_logging
+from grpo_jax.config import RESUMABLE, Config, flatten, resume_changes
+
+
+class Interrupts:
+    """While active (main thread only), SIGINT and SIGTERM set `signum` instead of stopping the process:
+    the run saves at the next step boundary, then `stop` raises. A second signal stops at once."""
+
+    def __enter__(self):
+        self.signum = None
+        main = threading.current_thread() is threading.main_thread()
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        return self
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"second {name}: abandoned the step in flight, unsaved")
+        self.signum = signum
+        print(f"\n{name}: finishing this step, then saving and stopping (again to stop at once, unsaved)", flush=True)
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def stop(self):
+        raise KeyboardInterrupt if self.signum == signal.SIGINT else SystemExit(128 + self.signum)
+
+
+class SkipWatch:
+    """Counts consecutive skipped updates across steps; `observe` says why the run must stop, or None.
+
+    Each update reports `skipped_updates` (0 or 1) and the check that failed (`train_step.SKIP_CAUSES`:
+    non-finite loss, gradient, or updated parameters); an empty update (no counted token) is neither."""
+
+    CAUSES = {"nonfinite_loss": "loss", "nonfinite_grad": "gradient", "nonfinite_params": "parameters"}
+
+    def __init__(self, limit: int):
+        self.limit, self.streak, self.cause = limit, 0, None
+
+    def observe(self, step: int, updates: list[dict]) -> str | None:
+        for u in updates:
+            if u["skipped_updates"]:
+                self.streak += 1
+                self.cause = next(self.CAUSES[name] for name in ts.SKIP_CAUSES if u[name])
+            elif not u["empty_updates"]:
+                self.streak = 0
+        if self.streak < self.limit:
+            return None
+        return (f"step {step}: the last {self.streak} updates were all skipped (non-finite {self.cause}); "
+                "stopping, unsaved. Lower optim.learning_rate or check the rewards, then resume from the "
+                "last checkpoint")
+
+
+def _evals(row: dict | None) -> dict | None:
+    return None if row is None else {k: v for k, v in row.items() if k.startswith("eval/")}
+
+
+def train(cfg: Config, params=None) -> dict:
+    """Runs (or resumes) a whole RL run; returns the first and last evaluation, the wall time and the
+    final params."""
+    start = time.perf_counter()
+    t = trainer.Trainer(cfg, params)
+    cfg, tr = t.cfg, t.cfg.train
+    out = pathlib.Path(tr.out_dir)
+    ckpt = checkpoint.Checkpointer(out / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
+    try:
+        resume = ckpt.latest_intact()
+        if resume is not None:
+            check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory)
+            t.restore(ckpt, resume)
+        if t.step < tr.steps:
+            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume))
+        else:
+            print(f"run complete: {ckpt.directory} holds step {t.step} of train.steps={tr.steps}; nothing to do")
+            rows = {r["step"]: r for r in run_logging.read_rows(out / "metrics.jsonl")}
+            first, last = _evals(rows.get(0)), _evals(rows.get(t.step))
+    finally:
+        ckpt.close()
+    if tr.export_hf and jax.process_index() == 0:
+        checkpoint.export_hf(cfg.model, t.state.params, out / "hf", tokenizer_dir=t.source_path)
+    return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
+            "params": t.state.params}
+
+
+def check_resume(saved: dict, cfg: Config, directory: pathlib.Path) -> None:
+    """Refuses to continue the checkpointed run of `saved` (its flattened config) under a `cfg` that
+    would make it a different run."""
+    changes = resume_changes(saved, flatten(cfg))
+    if changes:
+        raise ValueError(
+            f"{directory} holds a run whose config differs from this one (checkpoint -> now):\n  "
+            + "\n  ".join(changes)
+            + "\nResume with the checkpoint's values, or start a new run in another train.out_dir. May change "
+            "on resume: train.steps (constant learning rate only), " + ", ".join(f.rstrip(".") for f in RESUMABLE)
+        )
+
+
+def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.MetricsLogger) -> tuple:
+    """The steps from `t.step` to the end; returns (first, last) evaluations. Saves only between steps."""
+    tr = t.cfg.train
+    first = _evals(logger.history[0]) if logger.history else None
+    last = None
+    updates_per_step = t.cfg.algorithm.num_iterations * tr.minibatches
+    skips = SkipWatch(tr.max_skipped_steps * updates_per_step)
+    with Interrupts() as interrupts:
+        try:
+            if t.step == 0 and not logger.history:
+                first = t.evaluate()
+                logger.log(0, first)
+            while t.step < tr.steps and interrupts.signum is None:
+                metrics, updates = t.train_step()
+                if t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0):
+                    last = t.evaluate()
+                    metrics.update(last)
+                logger.log(t.step, metrics)
+                stop = skips.observe(t.step, updates)
+                if stop:
+                    raise RuntimeError(stop)
+                t.save(ckpt)
+            t.save(ckpt, force=True)  # the last step, or an interrupted one: both at a step boundary
+        finally:
+            logger.close()
+        if interrupts.signum is not None:
+            logger.message(f"stopped after step {t.step}, saved in {ckpt.directory}; rerun the same command to resume")
+            interrupts.stop()
+    return first, last
