@@ -89,6 +89,12 @@ def check(cfg: Config) -> None:
             "rollout batch would train on samples of an older policy without correction; use "
             "train.minibatches=1 (and grow train.micro_batches for memory) or a ratio loss (e.g. ppo_clip)."
         )
+    if algorithms.LOSSES[alg.loss].needs_groups and tr.prompts_per_step % tr.minibatches:
+        raise ValueError(
+            f"algorithm.loss={alg.loss!r} compares the completions of a group, but train.prompts_per_step="
+            f"{tr.prompts_per_step} prompts do not split into train.minibatches={tr.minibatches} minibatches of "
+            "whole groups; choose a divisor."
+        )
 
 
 def sequences(
@@ -184,7 +190,8 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
     logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
-    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority)
+    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority,
+                                 tokens=batch.tokens[:, -batch.mask.shape[1]:], group_size=cfg.sampling.group_size)
 
 
 def _all_finite(tree) -> jax.Array:
