@@ -4,8 +4,8 @@ One call is one optimizer update on a minibatch of rollouts. The minibatch is sp
 `micro_batches` slices run under `lax.scan`; each slice's loss is its exact share of the minibatch
 loss (one `algorithms.Normalizer` for the whole minibatch), so gradients and metrics equal those of
 the unsplit minibatch. Variants that decide over the whole minibatch (`algorithms.needs_step_stats`:
-Clip-Cov, KL-Cov, top-entropy selection) get one no-grad pass over every micro-batch first, and
-their decisions split with the rows. Log-probs come from the final hidden states through
+Clip-Cov, KL-Cov, top-entropy selection, the losses over groups) get one no-grad pass over every
+micro-batch first, and their decisions split with the rows. Log-probs come from the final hidden states through
 `kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training.
 
 An update is not applied (params, optimizer state and step untouched) when its minibatch has no

@@ -1,7 +1,6 @@
 """Clipped importance-ratio surrogates: the PPO/GRPO token clip, GSPO's sequence ratio, and the
 variants that change which ratio is clipped or where its bounds lie."""
 
-import jax
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
