@@ -56,6 +56,21 @@ def cfg_for(name, aggregation=None, **overrides):
                               **test_fields(LOSSES[name]), **overrides})
 
 
+# Every loss once, the aggregations of its unit taken in turn (every aggregation is seen).
+CASES = [(name, aggregations_for(name)[i % len(aggregations_for(name))]) for i, name in enumerate(LOSSES)]
+CORRECTIONS = [dict(tis_level="sequence"), dict(tis_level="geometric", tis_mode="icepop", tis_cap=1.05)]
+
+
+def all_options(i, name):
+    """Loss `name` with every option around it at once (KL, entropy bonus, rollout correction,
+    off-policy masking, top-entropy selection for token losses); its aggregation, KL estimator and
+    correction mode taken in turn over the losses (i: its index in LOSSES), so that every one is seen.
+    The reference, micro-batch and masked-token tests share it (and its compilation)."""
+    token = LOSSES[name].unit == "token"
+    return cfg_for(name, CASES[i][1], beta=0.1, kl_estimator=("k3", "k2", "k1")[i % 3], entropy_coef=0.1,
+                   off_policy_threshold=0.05, **CORRECTIONS[i % 2], **(dict(top_entropy_quantile=0.5) if token else {}))
+
+
 def advantage_cfg(name, **overrides):
     """A config of advantage `name` with TEST_FIELDS for the fields it reads, then `overrides`."""
     return AlgorithmConfig(advantage=name, adv_eps=1e-6, **{**test_fields(ADVANTAGES[name]), **overrides})

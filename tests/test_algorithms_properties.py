@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _algorithm_cases import (
     LMAX,
-    aggregations_for,
+    all_options,
     cfg_for,
     make_batch,
     reference_loss,
@@ -27,7 +27,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from grpo_jax import metrics
 from grpo_jax.algorithms import LOSSES, AlgorithmConfig, StepStats, normalizer
 
-SHAPE = (6, 5)
+SHAPE = (6, 6)  # make_batch's default: the jitted losses of the other test files are reused
 
 
 def no_selection(x):
@@ -82,25 +82,12 @@ def test_gspo_token_equals_gspo_with_sequence_advantages():
         np.testing.assert_allclose(g1, g2, rtol=1e-5, atol=1e-7)
 
 
-# Options around the loss, cycled over the cases (each case sees one; every option is seen).
-OPTIONS = [dict(), dict(beta=0.1), dict(beta=0.1, kl_estimator="k2"), dict(tis_level="sequence"),
-           dict(entropy_coef=0.1), dict(tis_level="geometric", tis_mode="icepop", tis_cap=1.05),
-           dict(off_policy_threshold=0.03), dict(top_entropy_quantile=0.5)]
-# Every loss once, the aggregations of its unit taken in turn (every aggregation is seen).
-CASES = [(name, aggregations_for(name)[i % len(aggregations_for(name))]) for i, name in enumerate(LOSSES)]
-
-
-def option_for(i, name):
-    option = OPTIONS[i % len(OPTIONS)]
-    sequence_loss = LOSSES[name].unit == "sequence"
-    return dict(beta=0.1) if sequence_loss and "top_entropy_quantile" in option else option  # tokens only
-
-
-@pytest.mark.parametrize("i, name, agg", [(i, n, a) for i, (n, a) in enumerate(CASES)])
-def test_micro_batches_accumulate_to_the_full_batch(i, name, agg):
-    """Normalizer and step statistics of the whole batch, micro-batches of 2 rows: the summed losses,
-    the concatenated gradients and the merged metrics are those of the unsplit batch."""
-    cfg = cfg_for(name, agg, **option_for(i, name))
+@pytest.mark.parametrize("i, name", list(enumerate(LOSSES)))
+def test_micro_batches_accumulate_to_the_full_batch(i, name):
+    """Normalizer and step statistics of the whole batch, micro-batches of 2 rows (a group of 3 rows
+    lies in two of them): the summed losses, the concatenated gradients and the merged metrics are
+    those of the unsplit batch."""
+    cfg = all_options(i, name)
     x = make_batch(i, SHAPE)
     nz, stats = normalizer(cfg, x["mask"], LMAX), stats_for(cfg, x)  # once, for the whole step
     loss, grad, m = run(cfg, x, nz, stats)
@@ -114,13 +101,12 @@ def test_micro_batches_accumulate_to_the_full_batch(i, name, agg):
         np.testing.assert_allclose(got[metric], want[metric], rtol=1e-5, atol=1e-6, err_msg=metric)
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
-def test_masked_tokens_never_matter(name):
+@pytest.mark.parametrize("i, name", list(enumerate(LOSSES)))
+def test_masked_tokens_never_matter(i, name):
     """Garbage (+-60) in every masked entry of every input changes nothing: loss, gradient (0 there),
-    metrics and the step-level selections."""
+    metrics and the step statistics."""
     token = LOSSES[name].unit == "token"
-    cfg = cfg_for(name, beta=0.1, entropy_coef=0.1, tis_level="sequence", off_policy_threshold=0.05,
-                  **(dict(top_entropy_quantile=0.5) if token else {}))
+    cfg = all_options(i, name)
     for seed, token_adv in enumerate((False, True) if token else (False,)):
         x = make_batch(seed, SHAPE, token_adv=token_adv)
         rng = np.random.default_rng(seed + 1)
@@ -160,7 +146,7 @@ def test_clip_flags_mark_units_whose_gradient_the_clip_removed():
     exactly when its gradient vanishes (tokens; sequences for gspo)."""
     for name in ("ppo_clip", "gspo", "gspo_token", "gmpo", "clip_cov", "abc_grpo", "holder"):
         cfg = cfg_for(name)
-        x = make_batch(0, SHAPE, noise=0.6)  # seed 0: 3 of 5 sequences clipped
+        x = make_batch(0, SHAPE, noise=0.6)  # seed 0: some sequences clipped, not all
         _, grad, m = run(cfg, x, stats=no_selection(x))
         mask = x["mask"] > 0
         zero = (grad == 0) & mask

@@ -69,17 +69,19 @@ def step_statistics(cfg, logp, old_logp, advantages, mask, entropy, priority, to
 
 
 def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_logp=None, entropy=None,
-                priority=None, tokens=None, group_size=None, max_completion_len=8):
+                priority=None, tokens=None, group_size=None, max_completion_len=8, statistics=None):
     """(step loss, clip fractions, clip units) of `algorithms.policy_loss` over the whole batch, in float64.
 
     `lv` carries the perturbation of a gradient check, `lf` the unperturbed log-probs (everything the
-    library detaches is computed from lf, including the step statistics)."""
+    library detaches is computed from lf, including the step statistics, which a caller that
+    evaluates many perturbations passes once as `statistics`)."""
     from grpo_jax.algorithms.aggregation import AGGREGATIONS
     from grpo_jax.algorithms.kl import KL_ESTIMATORS
     from grpo_jax.algorithms.losses import LOSSES
 
     spec = LOSSES[cfg.loss]
-    stats, keep = step_statistics(cfg, lf, old_logp, advantages, mask, entropy, priority, tokens, group_size)
+    stats, keep = statistics or step_statistics(cfg, lf, old_logp, advantages, mask, entropy, priority, tokens,
+                                                group_size)
     counted = [np.flatnonzero(mask[i] > 0) for i in range(len(mask))]
     n = sum(len(idx) > 0 for idx in counted)
     ntok = sum(len(idx) for idx in counted)
@@ -122,7 +124,9 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
 
 def policy_loss_grad(cfg, logp, *args, h=1e-6, **kw):
     """d policy_loss / d logp by central differences over the counted tokens (masked ones stay 0)."""
-    mask = args[2]
+    old_logp, advantages, mask = args[:3]
+    kw["statistics"] = step_statistics(cfg, logp, old_logp, advantages, mask, kw.get("entropy"), kw.get("priority"),
+                                       kw.get("tokens"), kw.get("group_size"))
     g = np.zeros_like(logp)
     for i, t in zip(*np.nonzero(mask > 0)):
         plus, minus = logp.copy(), logp.copy()
