@@ -59,10 +59,13 @@ def rl_step(
     tokens, positions, segment_ids = ts.sequences(
         jnp.repeat(prompts.tokens, g, axis=0), jnp.repeat(prompts.lengths, g), rollout.tokens
     )
-    old_logp, _ = ts.completion_logprobs(
-        cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, False
-    )
-    batch = ts.Batch(tokens, positions, segment_ids, mask, jax.lax.stop_gradient(old_logp), rollout.logprobs, advantages)
+    old_logp = None  # on-policy: the update takes sg(l) from its own forward
+    if not ts.on_policy(cfg):
+        old_logp, _ = ts.completion_logprobs(
+            cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, False
+        )
+        old_logp = jax.lax.stop_gradient(old_logp)
+    batch = ts.Batch(tokens, positions, segment_ids, mask, old_logp, rollout.logprobs, advantages)
     minibatches = jax.tree.map(lambda x: x.reshape(k, rows // k, *x.shape[1:]), batch)
 
     def update(state, j):

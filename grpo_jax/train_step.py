@@ -42,7 +42,8 @@ class Batch:
     positions: Int[Array, "batch seq"]
     segment_ids: Int[Array, "batch seq"]  # 0 on left padding
     mask: Float[Array, "batch new"]  # m_{i,t} over the completion (the last `new` tokens)
-    old_logp: Float[Array, "batch new"]  # l^old, fixed for the whole rollout batch
+    # l^old, fixed for the whole rollout batch; None when the update is on-policy (`on_policy`): sg(l)
+    old_logp: Float[Array, "batch new"] | None
     sampler_logp: Float[Array, "batch new"]  # l^samp, as reported by the sampler
     advantages: Float[Array, "batch"]
 
@@ -78,6 +79,14 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
     step, skipped, empty = (jnp.zeros((), jnp.int32) for _ in range(3))  # three buffers: the state is donated
     return TrainState(params, optimizer.init(params), step, skipped, empty)
+
+
+def on_policy(cfg: Config) -> bool:
+    """Whether every update of a step is exactly on-policy: one pass (num_iterations 1) in one minibatch,
+    so the params that train are those that sampled. Then l^old = sg(l) from the update's own forward
+    (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
+    is None."""
+    return cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1
 
 
 def check(cfg: Config) -> None:
@@ -142,6 +151,7 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
     # Entropy is reported every step, not only when it is a loss term.
     logp, entropy = logprobs(params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
+    old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
     if alg.beta > 0:
         ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
@@ -149,7 +159,7 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     return algorithms.policy_loss(
         alg,
         logp,
-        batch.old_logp,
+        old_logp,
         batch.advantages,
         batch.mask,
         ref_logp=ref_logp,
@@ -184,7 +194,8 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
     logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
-    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority)
+    old_logp = logp if batch.old_logp is None else batch.old_logp
+    return algorithms.step_stats(cfg.algorithm, logp, old_logp, batch.advantages, batch.mask, entropy, priority)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -202,6 +213,12 @@ def train_step(
     """One optimizer update on `batch` (pure; `jit_train_step` compiles it). Returns the new state and
     the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates)."""
     k = cfg.train.micro_batches
+    if batch.old_logp is None and not on_policy(cfg):
+        raise ValueError(
+            f"Batch.old_logp is None, but with algorithm.num_iterations={cfg.algorithm.num_iterations} and "
+            f"train.minibatches={cfg.train.minibatches} updates after the first are off-policy: pass l^old "
+            "computed under the params that sampled (train_step.completion_logprobs)"
+        )
     if batch.advantages.shape[0] % k:
         raise ValueError(
             f"a minibatch of {batch.advantages.shape[0]} completions does not split into "

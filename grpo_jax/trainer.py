@@ -164,9 +164,10 @@ class Trainer:
         """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
         texts, prompts = self._prompts(examples)
         prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
-        rollout = jax.device_get(
-            sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
-        )
+        t0 = time.perf_counter()
+        rollout = sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
+        rollout = jax.device_get(jax.block_until_ready(rollout))
+        generate_s = time.perf_counter() - t0
         g = sampling_cfg.group_size
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
@@ -183,6 +184,7 @@ class Trainer:
         correct = [i for i, n in enumerate(self.cfg.reward.names) if n in CORRECTNESS_REWARDS]
         return dict(
             prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
@@ -255,7 +257,8 @@ class Trainer:
 
     def minibatches(self, host: tuple[np.ndarray, ...]) -> list[ts.Batch]:
         """Splits the host rollout batch into global minibatches and attaches l^old to each, all under
-        the params that sampled them (before any update of this step)."""
+        the params that sampled them (before any update of this step); none when the updates are
+        on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
         cfg, k = self.cfg, self.cfg.train.minibatches
         size = self.rows // k
         out = []
@@ -263,10 +266,12 @@ class Trainer:
             tok, pos, seg, mask, sampler_logp, adv = sharding.global_batch(
                 tuple(a[j * size:(j + 1) * size] for a in host), self.mesh
             )
-            with sharding.activation_rules(self.mesh):
-                old_logp, _ = ts.completion_logprobs(
-                    cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
-                )
+            old_logp = None
+            if not ts.on_policy(cfg):
+                with sharding.activation_rules(self.mesh):
+                    old_logp, _ = ts.completion_logprobs(
+                        cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
+                    )
             out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv))
         return out
 
@@ -283,7 +288,8 @@ class Trainer:
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
             "completion/truncated_frac": float(truncated.mean()),
-            "time/sample_s": sample_time,
+            "time/sample_s": sample_time,  # generation, tokenizing, decoding and rewards
+            "time/generate_s": sum(s["generate_s"] for s in drawn),  # the jitted sampler alone
             "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
         }
         if drawn[0]["correct"] is not None:
