@@ -228,7 +228,7 @@ def train_step(
     micro = _micro_batches(batch, k)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
-        stats = _micro_batches(_step_stats(cfg, state.params, batch, micro, state.step), k)
+        stats = _step_stats(cfg, state.params, batch, micro, state.step)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
     def accumulate(grads, xs):
@@ -236,9 +236,13 @@ def train_step(
         (loss, metrics), g = grad_fn(state.params, ref_params, mb, normalizer, mb_stats)
         return jax.tree.map(jnp.add, grads, g), (loss, metrics)
 
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, (losses, metrics) = jax.lax.scan(accumulate, zero_grads, (micro, stats))
-    loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
+    if k == 1:  # no loop: nothing to accumulate, and XLA fuses the gradient into the update
+        (loss, metrics), grads = grad_fn(state.params, ref_params, batch, normalizer, stats)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    else:
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        grads, (losses, metrics) = jax.lax.scan(accumulate, zero_grads, (micro, _micro_batches(stats, k)))
+        loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
 
     grad_norm = optax.tree.norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)

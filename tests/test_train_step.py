@@ -111,9 +111,9 @@ MESHES = {"1 device": MeshConfig(data=1), "2x2x2": MeshConfig(data=2, fsdp=2, te
 NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
 
 
-def compiled(preset: str, mesh: str, params):
+def compiled(preset: str, mesh: str, params, micro_batches: int = 2):
     """(cached jitted step, fresh initial state placed as the step expects it)."""
-    cfg = config(preset)
+    cfg = config(preset, micro_batches)
     devices = jax.devices()[: math.prod(dataclasses.astuple(MESHES[mesh]))]
     optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MESHES[mesh], devices))
     return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)
@@ -142,14 +142,17 @@ def reference_trajectory(preset: str, params, rollouts) -> list:
     return out
 
 
-@pytest.mark.parametrize("preset, mesh", [("grpo", "1 device"), ("gspo", "1 device"), ("dr_grpo", "1 device"), ("grpo", "2x2x2")])
-def test_jitted_step_equals_unjitted_reference(preset, mesh, params, rollouts):
-    """Two updates with micro_batches=2 equal the unsplit reference: exact accumulation, clipping,
-    AdamW; on the (2,2,2) mesh (grpo: reference params sharded too) as on one device."""
-    cfg = config(preset)
+@pytest.mark.parametrize("preset, mesh, micro_batches", [
+    ("grpo", "1 device", 2), ("gspo", "1 device", 2), ("gspo", "1 device", 1), ("dr_grpo", "1 device", 2),
+    ("grpo", "2x2x2", 2),
+])
+def test_jitted_step_equals_unjitted_reference(preset, mesh, micro_batches, params, rollouts):
+    """Two updates with micro_batches=2 (or 1: no accumulation loop) equal the unsplit reference: exact
+    accumulation, clipping, AdamW; on the (2,2,2) mesh (grpo: reference params sharded too) as on one device."""
+    cfg = config(preset, micro_batches)
     batch = make_batch(rollouts, NOISE.get(preset, 0.2))
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
-    step, state = compiled(preset, mesh, params)
+    step, state = compiled(preset, mesh, params, micro_batches)
     for t, (loss, norm, p_ref) in enumerate(reference_trajectory(preset, params, rollouts), 1):
         state, metrics = step(state, ref_params, batch)
         metrics = metrics_lib.finalize(metrics)
@@ -277,17 +280,17 @@ def test_logprobs_impl_switch_reaches_the_kernel(rollouts, impl, full_logits):
     assert (f"{mask.size},{cfg.vocab_size}]" in hlo) == full_logits
 
 
-@pytest.mark.parametrize("preset, fields", [
-    ("gspo", {}),
-    # step statistics (the no-grad pass) and a reference model (beta > 0)
-    ("dapo", dict(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0, top_entropy_quantile=0.5,
+@pytest.mark.parametrize("preset, micro_batches, fields", [
+    ("gspo", 1, {}),
+    # step statistics (the no-grad pass), a reference model (beta > 0), accumulation over 2 micro-batches
+    ("dapo", 2, dict(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0, top_entropy_quantile=0.5,
                   beta=0.04)),
 ])
-def test_on_policy_update_without_old_logprobs_equals_the_two_pass_update(preset, fields, params, rollouts):
+def test_on_policy_update_without_old_logprobs_equals_the_two_pass_update(preset, micro_batches, fields, params, rollouts):
     """num_iterations 1, minibatches 1: with Batch.old_logp None the update takes sg(l) from its own
     forward; loss, gradient and every metric equal those of the update given l^old from a separate
     forward under the same params (the two-pass form). SGD at rate 1 exposes the raw gradient."""
-    cfg = config(preset, **fields)
+    cfg = config(preset, micro_batches, **fields)
     tokens, positions, segments, mask, _ = rollouts
     two_pass = make_batch(rollouts, 0.0)
     old, _ = ts.completion_logprobs(MODEL, cfg.sampling.temperature, params, tokens, positions, segments, two_pass.mask)
