@@ -128,6 +128,9 @@ class TrainConfig:
     # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
     # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
     max_skipped_steps: int = 3
+    # JAX's persistent compilation cache for runs (grpo_jax.run): a rerun or resume of the same shapes
+    # loads its programs instead of compiling them. "" turns it off (--set train.compilation_cache_dir=).
+    compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -213,7 +216,7 @@ def flatten(cfg) -> dict:
 # Mesh and kernel choices keep the math but not the rounding: the continuation matches to float tolerance.
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.export_hf", "train.max_skipped_steps", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.export_hf", "train.max_skipped_steps", "train.compilation_cache_dir", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
 )
 
