@@ -59,10 +59,12 @@ def rl_step(
     tokens, positions, segment_ids = ts.sequences(
         jnp.repeat(prompts.tokens, g, axis=0), jnp.repeat(prompts.lengths, g), rollout.tokens
     )
-    old_logp, _ = ts.completion_logprobs(
-        cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, False
+    sampler_routes = rollout.routes if alg.routing_replay == "sampler" else None
+    old_logp, routes = ts.old_logprobs(
+        cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, sampler_routes
     )
-    batch = ts.Batch(tokens, positions, segment_ids, mask, jax.lax.stop_gradient(old_logp), rollout.logprobs, advantages)
+    batch = ts.Batch(tokens, positions, segment_ids, mask, jax.lax.stop_gradient(old_logp), rollout.logprobs, advantages,
+                     routes)
     minibatches = jax.tree.map(lambda x: x.reshape(k, rows // k, *x.shape[1:]), batch)
 
     def update(state, j):
