@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import algorithms, models, routing, sharding, trainer
+from grpo_jax import algorithms, models, rl_step, routing, sharding, trainer
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
@@ -224,23 +224,50 @@ TINY_MOE = models.ModelConfig(
 )
 
 
-@pytest.mark.parametrize("mode", algorithms.config.ROUTING_REPLAY)
-def test_a_tiny_moe_policy_trains_with_each_routing_replay(mode, tmp_path):
-    """One RL step of GRPO (2 minibatches) on a char-level Qwen3-MoE: the first update runs at pi_old's
-    params, so its ratio is 1 and the router's picks are the recorded ones (for R3 those of the sampler,
-    which checks their packing into the batch); the routing metrics are reported."""
-    cfg = Config(
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One out_dir for every tiny-MoE run, so that runs of one mode share their compiled programs."""
+    return tmp_path_factory.mktemp("moe")
+
+
+def moe_run(run_dir, mode: str) -> Config:
+    return Config(
         model=TINY_MOE, tokenizer="char", mesh=MeshConfig(data=2, tensor=-1),
         sampling=SamplingConfig(max_prompt_len=6, max_new_tokens=4, group_size=4, stop_tokens=tuple(range(3, 50))),
         algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, routing_replay=mode),
         reward=RewardConfig(names=("exact", "length"), weights=(1.0, 0.5), num_workers=1),
         optim=OptimConfig(learning_rate=3e-2),
-        train=TrainConfig(steps=1, prompts_per_step=2, minibatches=2, eval_prompts=4, out_dir=str(tmp_path)),
+        train=TrainConfig(steps=1, prompts_per_step=2, minibatches=2, eval_prompts=4, out_dir=str(run_dir)),
     )
-    t = trainer.Trainer(cfg)
+
+
+@pytest.mark.parametrize("mode", algorithms.config.ROUTING_REPLAY)
+def test_a_tiny_moe_policy_trains_with_each_routing_replay(mode, run_dir):
+    """One RL step of GRPO (2 minibatches) on a char-level Qwen3-MoE: the first update runs at pi_old's
+    params, so its ratio is 1 and the router's picks are the recorded ones (for R3 those of the sampler,
+    which checks their packing into the batch); the routing metrics are reported."""
+    t = trainer.Trainer(moe_run(run_dir, mode))
     metrics, (first, second) = t.train_step()
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     assert first["log_ratio_abs_max"] < 1e-5 and first["routing/changed_sets_frac"] == 0
     assert 0 < first["routing/entropy_mean"] <= np.log(E)
     assert 1 <= metrics["routing/expert_load"] <= E / K
+    assert int(t.state.step) == 2 and int(t.state.skipped) == 0
+
+
+def test_the_fused_rl_step_replays_the_samplers_routes(run_dir):
+    """R3 inside the fused rl_step: sampling, l^old and both updates in one program, experts spread over
+    8 devices. (On data=2 x tensor=4 simulated CPU devices this program stalled in XLA:CPU's collective
+    rendezvous, devices waiting in different collectives; on data=8 or expert=8 it runs.)"""
+    cfg = dataclasses.replace(moe_run(run_dir, "sampler"), mesh=MeshConfig(data=1, expert=-1))
+    t = trainer.Trainer(cfg)
+    examples = t.prompt_batches[0]
+    _, prompts = t._prompts(examples)
+    tok = CharTokenizer()
+    answers = [tok.encode(ex["answer"], add_bos=False) + [tok.eos_id] for ex in examples]
+    answers = jnp.asarray([a + [0] * (4 - len(a)) for a in answers], jnp.int32)
+    step = rl_step.jit_rl_step(cfg, t.optimizer, t.mesh, t.state_sharding)
+    t.state, metrics = step(t.state, prompts, answers, jax.random.key(0))
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert 0 <= float(metrics["routing/changed_sets_frac"]) < 1 and float(metrics["routing/entropy_mean"]) > 0
     assert int(t.state.step) == 2 and int(t.state.skipped) == 0
