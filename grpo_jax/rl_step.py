@@ -4,7 +4,8 @@ Sampling, reward, advantages, l^old and all `num_iterations x minibatches` updat
 jitted program: no host round trip, no decode of text, no reward processes. It applies when the
 reward can be written on token ids, e.g. exact match of the arithmetic task's answer; the host loop
 (`trainer.py`) is the general path. Data-side options that need the host (dynamic sampling) are
-not available here and are rejected.
+not available here and are rejected. MoE routing replay works as in the trainer (R3 replays the
+routes the in-program sampler recorded).
 """
 
 import functools
