@@ -185,12 +185,12 @@ def _replayed_routes(cfg: Config, batch: Batch):
 
 def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
-    # Entropy is reported every step, not only when it is a loss term.
     replayed = _replayed_routes(cfg, batch)
+    # Entropy is reported every step, not only when it is a loss term.
     logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature, params, batch.tokens,
                                              batch.positions, batch.segment_ids, batch.mask, True, replayed)
     ref_logp = None
-    if alg.beta > 0:
+    if alg.beta > 0:  # the frozen reference routes by its own router
         ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
         ref_logp = jax.lax.stop_gradient(ref_logp)
     loss, metrics = algorithms.policy_loss(
