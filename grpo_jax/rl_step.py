@@ -4,7 +4,8 @@ Sampling, reward, advantages, l^old and all `num_iterations x minibatches` updat
 jitted program: no host round trip, no decode of text, no reward processes. It applies when the
 reward can be written on token ids, e.g. exact match of the arithmetic task's answer; the host loop
 (`trainer.py`) is the general path. Data-side options that need the host (dynamic sampling) are
-not available here and are rejected.
+not available here and are rejected. MoE routing replay works as in the trainer (R3 replays the
+routes the in-program sampler recorded).
 """
 
 import functools
@@ -59,10 +60,12 @@ def rl_step(
     tokens, positions, segment_ids = ts.sequences(
         jnp.repeat(prompts.tokens, g, axis=0), jnp.repeat(prompts.lengths, g), rollout.tokens
     )
-    old_logp, _ = ts.completion_logprobs(
-        cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, False
+    sampler_routes = rollout.routes if alg.routing_replay == "sampler" else None
+    old_logp, routes = ts.old_logprobs(
+        cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, sampler_routes
     )
-    batch = ts.Batch(tokens, positions, segment_ids, mask, jax.lax.stop_gradient(old_logp), rollout.logprobs, advantages)
+    batch = ts.Batch(tokens, positions, segment_ids, mask, jax.lax.stop_gradient(old_logp), rollout.logprobs, advantages,
+                     routes)
     minibatches = jax.tree.map(lambda x: x.reshape(k, rows // k, *x.shape[1:]), batch)
 
     def update(state, j):
