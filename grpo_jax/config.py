@@ -194,6 +194,18 @@ class Config:
         for key, value in flatten(self).items():
             if any(isinstance(x, float) and not math.isfinite(x) for x in (value if isinstance(value, list) else [value])):
                 raise ValueError(f"Config.{key}={value!r} is not finite; every number of a config must be")
+        if self.model is not None:
+            check_routing_replay(self.algorithm, self.model)
+
+
+def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None:
+    """Routing replay needs a mixture-of-experts model (`trainer.check` runs this on a model_path's
+    config.json before any weight loads)."""
+    if algorithm.routing_replay != "none" and not any(model.moe_layers):
+        raise ValueError(
+            f"algorithm.routing_replay={algorithm.routing_replay!r} replays mixture-of-experts routes, but the "
+            f"{model.model_type} model has no MoE layer; use routing_replay='none'"
+        )
 
 
 def flatten(cfg) -> dict:

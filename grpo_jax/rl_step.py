@@ -3,8 +3,10 @@
 Sampling, reward, advantages, l^old and all `num_iterations x minibatches` updates run as ONE
 jitted program: no host round trip, no decode of text, no reward processes. It applies when the
 reward can be written in jnp on the completion tokens and per-prompt answer data, e.g. `TextMatch`
-(the arithmetic task's exact answer, compared as text); the host loop (`trainer.py`) is the general path. Data-side options that need the host (dynamic sampling) are
-not available here and are rejected.
+(the arithmetic task's exact answer, compared as text); the host loop (`trainer.py`) is the general
+path. Data-side options that need the host (dynamic sampling) are not available here and are
+rejected. MoE routing replay works as in the trainer (R3 replays the routes the in-program sampler
+recorded).
 """
 
 import dataclasses
@@ -115,13 +117,14 @@ def rl_step(
     tokens, positions, segment_ids = ts.sequences(
         jnp.repeat(prompts.tokens, g, axis=0), jnp.repeat(prompts.lengths, g), rollout.tokens
     )
-    old_logp = None  # on-policy: the update takes sg(l) from its own forward
+    old_logp = routes = None  # on-policy: the update takes sg(l) from its own forward
     if not ts.on_policy(cfg):
-        old_logp, _ = ts.completion_logprobs(
-            cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, False
+        sampler_routes = rollout.routes if alg.routing_replay == "sampler" else None
+        old_logp, routes = ts.old_logprobs(
+            cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, sampler_routes
         )
         old_logp = jax.lax.stop_gradient(old_logp)
-    batch = ts.Batch(tokens, positions, segment_ids, mask, old_logp, rollout.logprobs, advantages)
+    batch = ts.Batch(tokens, positions, segment_ids, mask, old_logp, rollout.logprobs, advantages, routes)
     minibatches = jax.tree.map(lambda x: x.reshape(k, rows // k, *x.shape[1:]), batch)
 
     def update(state, j):

@@ -105,7 +105,7 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     first = jax.nn.one_hot(jnp.array([7, 4, 9, 8]), vocab) * 10.0
     run = jax.jit(decode, static_argnums=(0, 4, 5))
     keys = row_keys(jax.random.key(0), 4, 1)
-    out = run(step, (), first, keys, (9,), scfg)
+    out, _ = run(step, (), first, keys, (9,), scfg)
     np.testing.assert_array_equal(out.lengths, [3, 6, 1, 2])
     np.testing.assert_array_equal(out.truncated, [False] * 4)
     np.testing.assert_array_equal(out.tokens[1], [4, 5, 6, 7, 8, 9, 0, 0])
@@ -114,7 +114,7 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     assert len(calls) == 5  # the loop ends when the slowest row has stopped, not at max_new_tokens
 
     calls.clear()
-    out = run(step, (), first, keys, (2,), scfg)
+    out, _ = run(step, (), first, keys, (2,), scfg)
     np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last slot: not truncated
     np.testing.assert_array_equal(out.truncated, [False, True, False, False])
     assert len(calls) == 7
@@ -152,7 +152,7 @@ def test_ignore_eos_runs_every_row_to_max_new_tokens():
         return jax.nn.one_hot((tokens + 1) % 12, 12) * 10.0, carry
 
     first = jax.nn.one_hot(jnp.array([7, 9]), 12) * 10.0
-    out = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 2, 1), stop_ids, scfg)
+    out, _ = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 2, 1), stop_ids, scfg)
     np.testing.assert_array_equal(out.lengths, [8, 8])
     np.testing.assert_array_equal(out.tokens[0], [7, 8, 9, 10, 11, 0, 1, 2])
     assert out.mask.all() and out.truncated.all()
