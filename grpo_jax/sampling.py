@@ -164,7 +164,8 @@ def decode(
         live = ~done
         tokens = tokens.at[:, t].set(jnp.where(live, token, 0))
         logprobs = logprobs.at[:, t].set(jnp.where(live, logprob, 0.0))
-        return (tokens, logprobs, lengths + live, done | (live & jnp.isin(token, stop))), token
+        stopped = live & jnp.isin(token, stop) if stop_ids else jnp.zeros_like(live)  # () with ignore_eos
+        return (tokens, logprobs, lengths + live, done | stopped), token
 
     out = (jnp.zeros((batch, steps), jnp.int32), jnp.zeros((batch, steps), jnp.float32),
            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
@@ -205,7 +206,8 @@ def generate(
 
 
 def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
-    """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids.
+    """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids
+    (none with `ignore_eos`).
 
     `generate` = `check_prompts` + `rollout`; a caller that jits more than sampling (the fused RL step)
     runs this on the host and passes the stop ids, which are static, to `rollout`.
@@ -224,6 +226,8 @@ def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConf
             f"prompt {int(np.argmax(lengths > width))} claims {lengths.max()} tokens > "
             f"SamplingConfig.max_prompt_len={width}: raise max_prompt_len or truncate the prompt"
         )
+    if sampling_cfg.ignore_eos:
+        return ()
     eos = cfg.eos_token_id
     stop_ids = tuple(sorted({*((eos,) if isinstance(eos, int) else eos or ()), *sampling_cfg.stop_tokens}))
     if any(not 0 <= i < cfg.vocab_size for i in stop_ids):

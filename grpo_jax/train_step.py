@@ -42,7 +42,8 @@ class Batch:
     positions: Int[Array, "batch seq"]
     segment_ids: Int[Array, "batch seq"]  # 0 on left padding
     mask: Float[Array, "batch new"]  # m_{i,t} over the completion (the last `new` tokens)
-    old_logp: Float[Array, "batch new"]  # l^old, fixed for the whole rollout batch
+    # l^old, fixed for the whole rollout batch; None when the update is on-policy (`on_policy`): sg(l)
+    old_logp: Float[Array, "batch new"] | None
     sampler_logp: Float[Array, "batch new"]  # l^samp, as reported by the sampler
     advantages: Float[Array, "batch"]
     # MoE policies: pi_old's experts for every input token (tokens[:, :-1]) and MoE layer, from
@@ -83,6 +84,16 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
     step, skipped, empty = (jnp.zeros((), jnp.int32) for _ in range(3))  # three buffers: the state is donated
     return TrainState(params, optimizer.init(params), step, skipped, empty)
+
+
+def on_policy(cfg: Config) -> bool:
+    """Whether every update of a step is exactly on-policy: one pass (num_iterations 1) in one minibatch,
+    so the params that train are those that sampled. Then l^old = sg(l) from the update's own forward
+    (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
+    is None. MoE policies keep that pass: it records pi_old's routes (`Batch.routes`) for routing
+    replay and the routing metrics."""
+    return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1
+            and not any(cfg.model.moe_layers))
 
 
 def check(cfg: Config) -> None:
@@ -189,6 +200,7 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     # Entropy is reported every step, not only when it is a loss term.
     logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature, params, batch.tokens,
                                              batch.positions, batch.segment_ids, batch.mask, True, replayed)
+    old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
     if alg.beta > 0:  # the frozen reference routes by its own router
         ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
@@ -196,7 +208,7 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     loss, metrics = algorithms.policy_loss(
         alg,
         logp,
-        batch.old_logp,
+        old_logp,
         batch.advantages,
         batch.mask,
         ref_logp=ref_logp,
@@ -237,7 +249,8 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
     logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
-    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority)
+    old_logp = logp if batch.old_logp is None else batch.old_logp
+    return algorithms.step_stats(cfg.algorithm, logp, old_logp, batch.advantages, batch.mask, entropy, priority)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -255,6 +268,12 @@ def train_step(
     """One optimizer update on `batch` (pure; `jit_train_step` compiles it). Returns the new state and
     the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates)."""
     k = cfg.train.micro_batches
+    if batch.old_logp is None and not on_policy(cfg):
+        raise ValueError(
+            f"Batch.old_logp is None, but with algorithm.num_iterations={cfg.algorithm.num_iterations} and "
+            f"train.minibatches={cfg.train.minibatches} updates after the first are off-policy: pass l^old "
+            "computed under the params that sampled (train_step.completion_logprobs)"
+        )
     if batch.advantages.shape[0] % k:
         raise ValueError(
             f"a minibatch of {batch.advantages.shape[0]} completions does not split into "
@@ -264,7 +283,7 @@ def train_step(
     micro = _micro_batches(batch, k)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
-        stats = _micro_batches(_step_stats(cfg, state.params, batch, micro, state.step), k)
+        stats = _step_stats(cfg, state.params, batch, micro, state.step)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
     def accumulate(grads, xs):
@@ -272,11 +291,16 @@ def train_step(
         (loss, (metrics, counts)), g = grad_fn(state.params, ref_params, mb, normalizer, mb_stats)
         return jax.tree.map(jnp.add, grads, g), (loss, metrics, counts)
 
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, (losses, metrics, counts) = jax.lax.scan(accumulate, zero_grads, (micro, stats))
-    loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
+    if k == 1:  # no loop: nothing to accumulate, and XLA fuses the gradient into the update
+        (loss, (metrics, counts)), grads = grad_fn(state.params, ref_params, batch, normalizer, stats)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    else:
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        grads, (losses, metrics, counts) = jax.lax.scan(accumulate, zero_grads, (micro, _micro_batches(stats, k)))
+        loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
+        counts = None if counts is None else counts.sum(0)
     if counts is not None:  # MoE: the balance of the whole minibatch's routed token counts
-        metrics["routing/expert_load"] = routing.expert_load(counts.sum(0), normalizer.num_tokens)
+        metrics["routing/expert_load"] = routing.expert_load(counts, normalizer.num_tokens)
 
     grad_norm = optax.tree.norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)

@@ -168,10 +168,12 @@ class Trainer:
         """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
         texts, prompts = self._prompts(examples)
         prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
+        t0 = time.perf_counter()
         rollout = sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
         if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes leave the device only for R3
             rollout = dataclasses.replace(rollout, routes=None)
-        rollout = jax.device_get(rollout)
+        rollout = jax.device_get(jax.block_until_ready(rollout))
+        generate_s = time.perf_counter() - t0
         g = sampling_cfg.group_size
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
@@ -188,6 +190,7 @@ class Trainer:
         correct = [i for i, n in enumerate(self.cfg.reward.names) if n in CORRECTNESS_REWARDS]
         return dict(
             prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
@@ -269,7 +272,8 @@ class Trainer:
     def minibatches(self, host: tuple[np.ndarray, ...]) -> list[ts.Batch]:
         """Splits the host rollout batch into global minibatches and attaches l^old (and, for MoE
         policies, pi_old's routes) to each, all under the params that sampled them (before any update
-        of this step)."""
+        of this step); none when the updates are on-policy (`train_step.on_policy`: the update takes
+        sg(l) from its own forward)."""
         cfg, k = self.cfg, self.cfg.train.minibatches
         size = self.rows // k
         out = []
@@ -277,10 +281,12 @@ class Trainer:
             tok, pos, seg, mask, sampler_logp, adv, routes = sharding.global_batch(
                 tuple(None if a is None else a[j * size:(j + 1) * size] for a in host), self.mesh
             )
-            with sharding.activation_rules(self.mesh):
-                old_logp, routes = ts.old_logprobs(
-                    cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, routes
-                )
+            old_logp = None
+            if not ts.on_policy(cfg):
+                with sharding.activation_rules(self.mesh):
+                    old_logp, routes = ts.old_logprobs(
+                        cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, routes
+                    )
             out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv, routes))
         return out
 
@@ -297,7 +303,8 @@ class Trainer:
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
             "completion/truncated_frac": float(truncated.mean()),
-            "time/sample_s": sample_time,
+            "time/sample_s": sample_time,  # generation, tokenizing, decoding and rewards
+            "time/generate_s": sum(s["generate_s"] for s in drawn),  # the jitted sampler alone
             "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
         }
         if drawn[0]["correct"] is not None:

@@ -263,11 +263,9 @@ def test_the_fused_rl_step_replays_the_samplers_routes(run_dir):
     t = trainer.Trainer(cfg)
     examples = t.prompt_batches[0]
     _, prompts = t._prompts(examples)
-    tok = CharTokenizer()
-    answers = [tok.encode(ex["answer"], add_bos=False) + [tok.eos_id] for ex in examples]
-    answers = jnp.asarray([a + [0] * (4 - len(a)) for a in answers], jnp.int32)
-    step = rl_step.jit_rl_step(cfg, t.optimizer, t.mesh, t.state_sharding)
-    t.state, metrics = step(t.state, prompts, answers, jax.random.key(0))
+    reward = rl_step.TextMatch.from_tokenizer(CharTokenizer(), t.cfg.model.vocab_size, width=4)
+    step = rl_step.jit_rl_step(t.cfg, t.optimizer, t.mesh, t.state_sharding, reward)
+    t.state, metrics = step(t.state, prompts, reward.answers([ex["answer"] for ex in examples]), jax.random.key(0))
     assert all(np.isfinite(float(v)) for v in metrics.values())
     assert 0 <= float(metrics["routing/changed_sets_frac"]) < 1 and float(metrics["routing/entropy_mean"]) > 0
     assert int(t.state.step) == 2 and int(t.state.skipped) == 0

@@ -184,6 +184,19 @@ ATTENTION: dict[str, Callable] = {
 
 
 # ----------------------------------------------------------------------------- building blocks
+def _dense(x, w, n_in: int = 1):
+    """x [b, t, *in] @ w [*in, *out] -> [b, t, *out] as ONE 2-D matmul over the flattened rows.
+
+    Written as an einsum over (b, t), the weight gradient contracts two axes, and XLA:CPU's dot
+    canonicalization then transposes the [b*t, out] cotangent (a strided copy, fused with the
+    elementwise backward before it) ahead of each weight-gradient matmul: with flat rows it is one
+    [in, b*t] @ [b*t, out] dot that reads both operands as they lie (bench/README.md, "train")."""
+    b, t = x.shape[:2]
+    fan_in = math.prod(w.shape[:n_in])
+    y = jnp.dot(x.reshape(b * t, fan_in), w.reshape(fan_in, -1))
+    return y.reshape(b, t, *w.shape[n_in:])
+
+
 def _rms_norm(x, w, eps):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
@@ -219,9 +232,9 @@ def _rope(x, positions, inv_freq):
 def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
     """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
     are written in place at [layer, :, :, index:index+T] and all slots of this layer are attended."""
-    q = _constrain(jnp.einsum("btd,dnh->btnh", x, p["q"]), ("batch", "seq", "heads", None))
-    k = _constrain(jnp.einsum("btd,dkh->btkh", x, p["k"]), ("batch", "seq", "kv_heads", None))
-    v = _constrain(jnp.einsum("btd,dkh->btkh", x, p["v"]), ("batch", "seq", "kv_heads", None))
+    q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
+    k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
+    v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if cfg.qk_norm:
@@ -243,12 +256,12 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
-    return jnp.einsum("btnh,nhd->btd", out, p["o"]), kv
+    return _dense(out, p["o"], 2), kv
 
 
 def _mlp(p, x):
-    h = _constrain(jax.nn.silu(x @ p["gate"]) * (x @ p["up"]), ("batch", "seq", "mlp"))
-    return jnp.einsum("btf,fd->btd", h, p["down"])
+    h = _constrain(jax.nn.silu(_dense(x, p["gate"])) * _dense(x, p["up"]), ("batch", "seq", "mlp"))
+    return _dense(h, p["down"])
 
 
 def _moe(cfg, p, x, routes=None):
