@@ -21,6 +21,7 @@ import threading
 import time
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from grpo_jax import checkpoint, trainer
 from grpo_jax import train_step as ts
@@ -86,7 +87,10 @@ def use_compilation_cache(path: str) -> None:
     """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
     the small host-side ones add up on the first step), or leaves it off for ""."""
     if path:
-        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
+        path = str(pathlib.Path(path).expanduser())
+        if jax.config.jax_compilation_cache_dir != path:
+            compilation_cache.reset_cache()  # a cache opened earlier in this process would keep its directory
+        jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
