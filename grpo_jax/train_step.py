@@ -4,8 +4,8 @@ One call is one optimizer update on a minibatch of rollouts. The minibatch is sp
 `micro_batches` slices run under `lax.scan`; each slice's loss is its exact share of the minibatch
 loss (one `algorithms.Normalizer` for the whole minibatch), so gradients and metrics equal those of
 the unsplit minibatch. Variants that decide over the whole minibatch (`algorithms.needs_step_stats`:
-Clip-Cov, KL-Cov, top-entropy selection) get one no-grad pass over every micro-batch first, and
-their decisions split with the rows. Log-probs come from the final hidden states through
+Clip-Cov, KL-Cov, top-entropy selection, the losses over groups) get one no-grad pass over every
+micro-batch first, and their decisions split with the rows. Log-probs come from the final hidden states through
 `kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training.
 
 An update is not applied (params, optimizer state and step untouched) when its minibatch has no
@@ -104,6 +104,12 @@ def check(cfg: Config) -> None:
             f"algorithm.loss={alg.loss!r} has no importance ratio, so minibatches 2..{tr.minibatches} of a "
             "rollout batch would train on samples of an older policy without correction; use "
             "train.minibatches=1 (and grow train.micro_batches for memory) or a ratio loss (e.g. ppo_clip)."
+        )
+    if algorithms.LOSSES[alg.loss].needs_groups and tr.prompts_per_step % tr.minibatches:
+        raise ValueError(
+            f"algorithm.loss={alg.loss!r} compares the completions of a group, but train.prompts_per_step="
+            f"{tr.prompts_per_step} prompts do not split into train.minibatches={tr.minibatches} minibatches of "
+            "whole groups; choose a divisor."
         )
 
 
@@ -250,7 +256,8 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
     old_logp = logp if batch.old_logp is None else batch.old_logp
-    return algorithms.step_stats(cfg.algorithm, logp, old_logp, batch.advantages, batch.mask, entropy, priority)
+    return algorithms.step_stats(cfg.algorithm, logp, old_logp, batch.advantages, batch.mask, entropy, priority,
+                                 tokens=batch.tokens[:, -batch.mask.shape[1]:], group_size=cfg.sampling.group_size)
 
 
 def _all_finite(tree) -> jax.Array:

@@ -2,8 +2,9 @@
 the jitted policy loss and its float64 reference (`grpo_jax.algorithms.reference`).
 
 A newly registered loss is covered by every registry-wide test without touching this file; only a
-new loss field that needs a non-default value to exercise both branches of the loss goes into
-`TEST_FIELDS`.
+new field that needs a non-default value to exercise both branches of its variant goes into
+`TEST_FIELDS`. Batches hold groups of `GROUP` consecutive rows, with token ids from a vocabulary of
+three so that groups share tokens (GTPO's conflicts).
 """
 
 import dataclasses
@@ -13,15 +14,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.algorithms import AGGREGATIONS, LOSSES, AlgorithmConfig, needs_step_stats, normalizer, policy_loss, step_stats
-from grpo_jax.algorithms import reference
+from grpo_jax.algorithms import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    LOSSES,
+    AlgorithmConfig,
+    needs_step_stats,
+    normalizer,
+    policy_loss,
+    reference,
+    step_stats,
+)
 
 LMAX = 8
-# Values of loss fields that make both branches of each loss occur on the random batches below
-# (clip ranges narrower than the noise, a covariance band and fractions that select a few tokens).
+GROUP = 3  # completions per prompt in the test batches (rows [3k, 3k + 3) are one group)
+# Values of variant fields that make both branches of each variant occur on the random batches below
+# (clip ranges narrower than the noise, a covariance band and fractions that select a few tokens, an
+# entropy bound inside the entropies' range, k within the groups).
 TEST_FIELDS = dict(eps_low=0.1, eps_high=0.15, eps_max=1.1, clip_cov_ratio=0.25, clip_cov_lb=0.0,
-                   clip_cov_ub=1.0, kl_cov_ratio=0.25)
-INPUTS = ("logp", "old_logp", "advantages", "mask", "ref_logp", "sampler_logp", "entropy", "priority")
+                   clip_cov_ub=1.0, kl_cov_ratio=0.25, neg_eps_low=0.05, neg_eps_high=0.12, seq_eps_low=0.03,
+                   seq_eps_high=0.04, holder_p=2.0, llds_coef=0.5, disco_beta=10.0, gtpo_entropy_max=1.1,
+                   egsw_alpha=0.5, egsw_temperature=0.7, pass_k=2, gapo_fraction=0.6)
 
 
 def aggregations_for(name):
@@ -32,14 +45,38 @@ def default_aggregation(name):
     return "seq_mean" if LOSSES[name].unit == "sequence" else "token_mean"
 
 
+def test_fields(spec):
+    """TEST_FIELDS restricted to the fields a registration reads."""
+    return {k: v for k, v in TEST_FIELDS.items() if k in spec.fields}
+
+
 def cfg_for(name, aggregation=None, **overrides):
     """A config of loss `name` with TEST_FIELDS for the fields it reads, beta = 0, then `overrides`."""
-    reads = {k: v for k, v in TEST_FIELDS.items() if k in LOSSES[name].clip_fields}
     return AlgorithmConfig(**{"loss": name, "aggregation": aggregation or default_aggregation(name), "beta": 0.0,
-                              **reads, **overrides})
+                              **test_fields(LOSSES[name]), **overrides})
 
 
-def make_batch(seed=0, shape=(5, 6), noise=0.15, token_adv=False, density=0.75, fixed_rows=True):
+# Every loss once, the aggregations of its unit taken in turn (every aggregation is seen).
+CASES = [(name, aggregations_for(name)[i % len(aggregations_for(name))]) for i, name in enumerate(LOSSES)]
+CORRECTIONS = [dict(tis_level="sequence"), dict(tis_level="geometric", tis_mode="icepop", tis_cap=1.05)]
+
+
+def all_options(i, name):
+    """Loss `name` with every option around it at once (KL, entropy bonus, rollout correction,
+    off-policy masking, top-entropy selection for token losses); its aggregation, KL estimator and
+    correction mode taken in turn over the losses (i: its index in LOSSES), so that every one is seen.
+    The reference, micro-batch and masked-token tests share it (and its compilation)."""
+    token = LOSSES[name].unit == "token"
+    return cfg_for(name, CASES[i][1], beta=0.1, kl_estimator=("k3", "k2", "k1")[i % 3], entropy_coef=0.1,
+                   off_policy_threshold=0.05, **CORRECTIONS[i % 2], **(dict(top_entropy_quantile=0.5) if token else {}))
+
+
+def advantage_cfg(name, **overrides):
+    """A config of advantage `name` with TEST_FIELDS for the fields it reads, then `overrides`."""
+    return AlgorithmConfig(advantage=name, adv_eps=1e-6, **{**test_fields(ADVANTAGES[name]), **overrides})
+
+
+def make_batch(seed=0, shape=(6, 6), noise=0.15, token_adv=False, density=0.75, fixed_rows=True):
     """float32 inputs of policy_loss; with `fixed_rows` row 0 is empty and row 1 full."""
     rng = np.random.default_rng(seed)
     b, t = shape
@@ -59,14 +96,16 @@ def make_batch(seed=0, shape=(5, 6), noise=0.15, token_adv=False, density=0.75, 
     )
     x = {k: v.astype(np.float32) for k, v in x.items()}
     x["priority"] = rng.permutation(b * t).reshape(b, t).astype(np.int32)
+    x["tokens"] = rng.integers(0, 3, (b, t)).astype(np.int32)
     return x
 
 
-def stats_for(cfg, x):
+def stats_for(cfg, x, group_size=GROUP):
     """The step statistics of batch x (None when the config needs none)."""
     if not needs_step_stats(cfg):
         return None
-    return step_stats(cfg, x["logp"], x["old_logp"], x["advantages"], x["mask"], x["entropy"], x["priority"])
+    return step_stats(cfg, x["logp"], x["old_logp"], x["advantages"], x["mask"], x["entropy"], x["priority"],
+                      tokens=x["tokens"], group_size=group_size)
 
 
 @functools.cache
@@ -90,14 +129,14 @@ def run(cfg, x, nz=None, stats="auto"):
     return np.asarray(loss), np.asarray(grad), metrics
 
 
-def reference_loss(cfg, x):
-    """(loss, clip fractions, gradient) of the float64 reference on the same inputs."""
-    x64 = {k: np.asarray(v, np.float64) if k != "priority" else np.asarray(v) for k, v in x.items()}
+def reference_loss(cfg, x, group_size=GROUP):
+    """(loss, clip fractions, gradient, clip units) of the float64 reference on the same inputs."""
+    x64 = {k: np.asarray(v, np.float64) if k not in ("priority", "tokens") else np.asarray(v) for k, v in x.items()}
     args = (x64["old_logp"], x64["advantages"], x64["mask"])
     kw = dict(ref_logp=x64["ref_logp"], sampler_logp=x64["sampler_logp"], entropy=x64["entropy"],
-              priority=x64["priority"], max_completion_len=LMAX)
-    loss, fractions = reference.policy_loss(cfg, x64["logp"], x64["logp"], *args, **kw)
-    return loss, fractions, reference.policy_loss_grad(cfg, x64["logp"], *args, **kw)
+              priority=x64["priority"], tokens=x64["tokens"], group_size=group_size, max_completion_len=LMAX)
+    loss, fractions, units = reference.policy_loss(cfg, x64["logp"], x64["logp"], *args, **kw)
+    return loss, fractions, reference.policy_loss_grad(cfg, x64["logp"], *args, **kw), units
 
 
 def rows(x, index):

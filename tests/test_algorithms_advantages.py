@@ -1,19 +1,15 @@
 """Every registered advantage estimator against hand arithmetic and the float64 reference of
-grpo_jax.algorithms.reference (a loop over groups); zero-spread groups get exactly 0."""
+grpo_jax.algorithms.reference (a loop over groups); zero-spread groups get exactly 0, or, for an
+estimator that declares `learns_from_uniform_groups` (NGRPO), what its reference gives."""
 
 import math
 
 import jax
 import numpy as np
 import pytest
+from _algorithm_cases import advantage_cfg as cfg
 
-from grpo_jax.algorithms import ADVANTAGES, AlgorithmConfig, compute_advantages, overlong_penalty, reference
-
-EPS = 1e-6
-
-
-def cfg(name, **kw):
-    return AlgorithmConfig(advantage=name, adv_eps=EPS, **kw)
+from grpo_jax.algorithms import ADVANTAGES, compute_advantages, overlong_penalty, reference
 
 
 def random_rewards(seed, n_groups=4, g=3, k=1):
@@ -24,13 +20,18 @@ def random_rewards(seed, n_groups=4, g=3, k=1):
     return rewards.astype(np.float32), lengths
 
 
-@pytest.mark.parametrize("name", list(ADVANTAGES))
-@pytest.mark.parametrize("weights, options", [(None, dict()), (None, dict(gpg_scale=True)), ((1.0, 0.5), dict()),
-                                              ((1.0, 0.5), dict(reward_combine="normalize_then_sum"))])
+# How rewards combine is the same code for every estimator: each estimator is checked alone and with
+# one of these combinations, taken in turn (every combination is seen with several estimators).
+COMBINATIONS = [(None, dict(gpg_scale=True)), ((1.0, 0.5), dict()), ((1.0, 0.5), dict(reward_combine="normalize_then_sum")),
+                ((1.0, 0.5), dict(reward_combine="normalize_each"))]
+
+
+@pytest.mark.parametrize("name, weights, options", [
+    case for i, name in enumerate(ADVANTAGES) for case in ((name, None, {}), (name, *COMBINATIONS[i % len(COMBINATIONS)]))])
 def test_estimators_match_numpy(name, weights, options):
     c = cfg(name, **options)
     k = len(weights or (1,))
-    rewards, lengths = random_rewards(hash((name, str(weights), str(options))) % 1000, k=k)
+    rewards, lengths = random_rewards(sum(map(ord, name + str(weights) + str(options))) % 1000, k=k)
     groups = np.arange(len(rewards)) // 3
     got = compute_advantages(c, rewards if k > 1 else rewards[:, 0], group_size=3, lengths=lengths, reward_weights=weights)
     want = reference.compute_advantages(c, rewards.astype(np.float64), groups, lengths, weights)
@@ -86,7 +87,7 @@ def test_user_errors():
     r = np.zeros(4, np.float32)
     with pytest.raises(ValueError, match="group_size=1"):
         compute_advantages(cfg("group_std"), r, group_size=1)
-    with pytest.raises(ValueError, match="single completion"):
+    with pytest.raises(ValueError, match=r"group\(s\) \[1, 2\] hold fewer than 2 completions"):
         compute_advantages(cfg("rloo"), r, group_ids=np.array([0, 0, 1, 2]))
     with pytest.raises(ValueError, match="exactly one of"):
         compute_advantages(cfg("rloo"), r)
@@ -116,15 +117,23 @@ def test_overlong_penalty_is_dapos(frac, kappa, expected):
 def test_zero_spread_groups_get_exactly_zero(name, combine):
     """Rewards equal within a group but not dyadic (0.7, 0.3) leave a float32 residue in R - mean;
     every estimator must give exactly 0 there (the old code gave |A| = 0.056 to eight 0.7s with
-    group_std, and 0.91 after normalize_then_sum's batch standardization of residues)."""
+    group_std, and 0.91 after normalize_then_sum's batch standardization of residues). An estimator
+    that declares `learns_from_uniform_groups` gives them its reference's non-zero advantages instead."""
     c = cfg(name, reward_combine=combine)
     rewards = np.array([[0.7, 0.3]] * 8 + [[0.3, 0.7]] * 8, np.float32)  # two groups of 8, each constant
     cols, weights = (rewards, (1.0, 0.3)) if combine == "normalize_then_sum" else (rewards[:, 0], None)
     adv = np.asarray(compute_advantages(c, cols, group_size=8, lengths=np.arange(1, 17), reward_weights=weights))
-    assert (adv == 0).all(), adv
-    # next to an informative group, a zero-spread group still gets exactly 0
     mixed = rewards.copy()
     mixed[8:12] = [[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]
+    if ADVANTAGES[name].learns_from_uniform_groups:
+        cols = mixed if combine == "normalize_then_sum" else mixed[:, 0]  # (a constant group next to a varied one)
+        adv = np.asarray(compute_advantages(c, cols, group_size=8, reward_weights=weights))
+        want = reference.compute_advantages(c, cols.astype(np.float64), np.arange(16) // 8, None, weights)
+        np.testing.assert_allclose(adv, want, rtol=1e-5, atol=1e-6)
+        assert (adv[:8] != 0).all()
+        return
+    assert (adv == 0).all(), adv
+    # next to an informative group, a zero-spread group still gets exactly 0
     cols = mixed if combine == "normalize_then_sum" else mixed[:, 0]
     adv = np.asarray(compute_advantages(c, cols, group_size=8, lengths=np.arange(1, 17), reward_weights=weights))
     assert (adv[:8] == 0).all() and (adv[8:] != 0).any(), adv
@@ -154,3 +163,72 @@ def test_beta_norm_by_hand():
     # rewards outside [0, 1] are mapped by the batch range first: (3, 1) -> (1, 0)
     np.testing.assert_allclose(compute_advantages(cfg("beta_norm"), np.array([3.0, 1.0]), group_size=2), [0.5, -0.5],
                                rtol=1e-5)
+
+
+def test_ngrpo_by_hand():
+    """A virtual sample of reward 1 joins each group's statistics: all wrong (0, 0, 0) -> mean 1/4,
+    std (ddof 1) sqrt(3/16 + 9/16) / sqrt(3) = 1/2 -> A = -1/2 each (GRPO: 0); all right (1, 1, 1) ->
+    exactly 0; (1, 0, 0) -> mean 1/2, std sqrt(1/3) -> +-sqrt(3)/2."""
+    r = np.array([0, 0, 0, 1, 1, 1, 1, 0, 0], np.float32)
+    np.testing.assert_allclose(compute_advantages(cfg("ngrpo"), r, group_size=3),
+                               [-0.5] * 3 + [0] * 3 + [math.sqrt(3) / 2, -math.sqrt(3) / 2, -math.sqrt(3) / 2], atol=1e-5)
+    two = compute_advantages(cfg("ngrpo", ngrpo_virtual_samples=2, ngrpo_max_reward=2.0), r[:3], group_size=3)
+    np.testing.assert_allclose(two, [-0.8 / math.sqrt(4.8 / 4)] * 3, rtol=1e-5)  # mean 4/5, var (3 * .64 + 2 * 1.44) / 4
+
+
+def test_gapo_by_hand():
+    """G = 5, fraction 0.6 -> windows of 3 over the sorted (0, 0.1, 0.2, 0.9, 5): widths 0.2, 0.8, 4.8 ->
+    the first, median Q = 0.1 (the group mean 1.24 is dragged by the outlier 5); scale
+    sqrt(sum (R - Q)^2 / 4). Ties keep the lowest window: (0, 1, 2, 3) with fraction 0.5 -> Q = 0.5."""
+    r = np.array([0.9, 0.0, 5.0, 0.2, 0.1], np.float32)
+    q, scale = 0.1, math.sqrt(((r.astype(np.float64) - 0.1) ** 2).sum() / 4)
+    np.testing.assert_allclose(compute_advantages(cfg("gapo"), r, group_size=5), (r - q) / scale, rtol=1e-5)
+    ties = np.array([3.0, 0.0, 2.0, 1.0], np.float32)
+    np.testing.assert_allclose(compute_advantages(cfg("gapo", gapo_fraction=0.5), ties, group_size=4),
+                               (ties - 0.5) / math.sqrt(((ties - 0.5) ** 2).sum() / 3), rtol=1e-5)
+
+
+def test_noise_aware_by_hand():
+    """S-GRPO with p = 0.1 on groups of 4: k = 2 -> q = 1/2 = t, w = 0.8 * 0.25 / (0.5 * 0.5) = 0.8
+    (group_std scaled by 0.8); k = 1 -> q = 1/4, t = 0.15 / 0.8 = 0.1875,
+    w = 0.8 t (1 - t) / (sqrt(3/16) sqrt(t (1 - t))): a lone success is trusted less."""
+    r = np.array([1, 1, 0, 0, 1, 0, 0, 0], np.float32)
+    grpo = np.asarray(compute_advantages(cfg("group_std"), r, group_size=4))
+    t = 0.15 / 0.8
+    w1 = 0.8 * t * (1 - t) / (math.sqrt(3 / 16 + 1e-8) * math.sqrt(t * (1 - t) + 1e-8))
+    w2 = 0.8 * 0.25 / (math.sqrt(0.25 + 1e-8) * math.sqrt(0.25 + 1e-8))
+    np.testing.assert_allclose(compute_advantages(cfg("noise_aware"), r, group_size=4),
+                               grpo * np.array([w2] * 4 + [w1] * 4), rtol=1e-5)
+
+
+def test_reinforce_pp_by_hand():
+    """Group-centred rewards (1/2, -1/2 | 1/2, -1/2) whitened over the tokens, lengths (1, 3, 1, 1):
+    the 6 tokens (1/2, -1/2 x3, 1/2, -1/2) have mean -1/6, deviations 2/3 (x2) and -1/3 (x4), std
+    (ddof 1) sqrt((8/9 + 4/9) / 5) = sqrt(4/15): the longer wrong answer shifts every advantage."""
+    r = np.array([1, 0, 1, 0], np.float32)
+    std = math.sqrt(4 / 15)
+    np.testing.assert_allclose(compute_advantages(cfg("reinforce_pp"), r, group_size=2, lengths=np.array([1, 3, 1, 1])),
+                               np.array([2 / 3, -1 / 3, 2 / 3, -1 / 3]) / std, rtol=1e-5)
+
+
+def test_pass_at_k_by_hand():
+    """G = 4, c = 1, k = 2: rho = 1 - C(3, 2) / C(4, 2) = 1/2, sigma = 1/2; the correct one gets
+    (1 - 1/2) / (1/2) = 1, a wrong one (1 - 1/2 - C(2, 1) / C(3, 1)) / (1/2) = -1/3. k = 1 is GRPO with
+    the population std."""
+    r = np.array([1, 0, 0, 0], np.float32)
+    np.testing.assert_allclose(compute_advantages(cfg("pass_at_k", pass_k=2), r, group_size=4), [1, -1 / 3, -1 / 3, -1 / 3],
+                               rtol=1e-5)
+    one = compute_advantages(cfg("pass_at_k", pass_k=1), r, group_size=4)
+    np.testing.assert_allclose(one, (r - 0.25) / r.std(), rtol=1e-5)
+    with pytest.raises(ValueError, match="pass_k=4 needs at least 4 completions"):
+        compute_advantages(cfg("pass_at_k", pass_k=4), r[:3], group_size=3)
+
+
+def test_normalize_each_is_the_sum_of_per_reward_advantages():
+    """MO-GRPO: (R1, R2) = (1, 0), (0, 10), (0, 0) in one group: group_std of each column, summed with
+    the weights, no batch standardization (GDPO's normalize_then_sum would standardize the sum)."""
+    r = np.array([[1.0, 0.0], [0.0, 10.0], [0.0, 0.0]], np.float32)
+    per = [np.asarray(compute_advantages(cfg("group_std"), r[:, k], group_size=3)) for k in range(2)]
+    np.testing.assert_allclose(compute_advantages(cfg("group_std", reward_combine="normalize_each"), r, group_size=3,
+                                                  reward_weights=(1.0, 0.5)), per[0] + 0.5 * per[1], rtol=1e-5, atol=1e-6)
+    assert abs(per[1]).max() == pytest.approx(abs(per[0]).max(), rel=1e-5)  # the scale of R2 no longer dominates

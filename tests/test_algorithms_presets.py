@@ -7,30 +7,45 @@ import numpy as np
 import pytest
 
 from grpo_jax import metrics
-from grpo_jax.algorithms import PRESETS, AlgorithmConfig, compute_advantages, normalizer, policy_loss
-from grpo_jax.algorithms.presets_doc import PATH, presets_markdown
+from grpo_jax.algorithms import (
+    PRESETS,
+    AlgorithmConfig,
+    compute_advantages,
+    needs_step_stats,
+    normalizer,
+    policy_loss,
+    step_stats,
+)
+from grpo_jax.algorithms.presets_doc import PATH, SOURCES, presets_markdown
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_runs_one_loss_evaluation(preset):
     cfg = AlgorithmConfig.from_preset(preset)
     rng = np.random.default_rng(0)
-    g, n_groups, t = 2, 3, 5  # 2-GRPO-sized groups
+    g, n_groups, t = 8, 2, 5  # groups of 8: pass@k's default k = 4 needs G > k for a signal
     mask = (rng.random((g * n_groups, t)) < 0.8).astype(np.float32)
     logp = -np.abs(rng.normal(1, 0.5, mask.shape)).astype(np.float32)
     old = (logp + rng.normal(0, 0.1, mask.shape)).astype(np.float32)
-    adv = compute_advantages(cfg, rng.integers(0, 2, g * n_groups).astype(np.float32), group_size=g,
-                             lengths=mask.sum(1))
+    entropy = np.abs(rng.normal(0.5, 0.2, mask.shape)).astype(np.float32)
+    tokens = rng.integers(0, 3, mask.shape).astype(np.int32)
+    rewards = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 1, 1, 0], np.float32)  # binary (pass@k, S-GRPO)
+    adv = compute_advantages(cfg, rewards, group_size=g, lengths=mask.sum(1))
     ref = logp - 0.1 if cfg.beta > 0 else None
     nz = normalizer(cfg, mask, t)
+    stats = None
+    if needs_step_stats(cfg):
+        stats = step_stats(cfg, logp, old, adv, mask, entropy, np.arange(mask.size).reshape(mask.shape),
+                           tokens=tokens, group_size=g)
     (loss, m), grad = jax.jit(jax.value_and_grad(
-        lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=nz, ref_logp=ref), has_aux=True))(logp)
+        lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=nz, ref_logp=ref, stats=stats), has_aux=True))(logp)
     assert np.isfinite(loss) and np.isfinite(grad).all() and np.abs(grad).sum() > 0
     assert all(np.isfinite(v) for v in metrics.finalize(m).values())
 
 
 def test_presets_doc_is_generated():
     assert PATH.read_text() == presets_markdown(), "run: python -m grpo_jax.algorithms.presets_doc"
+    assert SOURCES.keys() == PRESETS.keys()  # every preset names its paper
 
 
 def test_overrides():
@@ -52,9 +67,21 @@ def test_overrides():
     (dict(loss="gmpo", aggregation="seq_mean_token_mean"), "aggregation='seq_mean'"),
     (dict(aggregation="seq_mean"), "seq_mean_token_mean"),
     (dict(loss="gspo", aggregation="seq_mean", tis_level="token"), "tis_level='sequence' or 'geometric'"),
-    (dict(loss="sapo", clip_c=3.0), r"loss='sapo' does not read clip_c=3.0 \(only \['ppo_clip', 'gspo'"),
-    (dict(loss="sapo", eps_high=0.28), "does not read eps_high"),
-    (dict(loss="ppo_clip", kl_cov_coef=2.0), r"does not read kl_cov_coef=2.0 \(only \['kl_cov'\]"),
+    (dict(loss="sapo", clip_c=3.0), r"loss='sapo' / advantage='group_std' do not read clip_c=3.0 \(only \['ppo_clip', 'gspo'"),
+    (dict(loss="sapo", eps_high=0.28), "do not read eps_high"),
+    (dict(loss="ppo_clip", kl_cov_coef=2.0), r"do not read kl_cov_coef=2.0 \(only \['kl_cov'\]"),
+    (dict(pass_k=2), r"do not read pass_k=2 \(only \['pass_at_k'\]"),
+    (dict(advantage="ngrpo", gvpo_beta=1.0), r"do not read gvpo_beta=1.0 \(only \['gvpo'\]"),
+    (dict(advantage="noise_aware", noise_rate=0.5), "noise_rate=0.5 must lie in"),
+    (dict(advantage="gapo", gapo_fraction=0.0), "gapo_fraction=0.0 must lie in"),
+    (dict(advantage="ngrpo", ngrpo_virtual_samples=0), "ngrpo_virtual_samples=0 must be >= 1"),
+    (dict(loss="dhpo", dhpo_alpha=1.5), "dhpo_alpha=1.5 must lie in"),
+    (dict(loss="abc_grpo", neg_eps_low=1.0), "neg_eps_low=1.0 must lie in"),
+    (dict(loss="gvpo", aggregation="seq_mean", gvpo_beta=0.0), "gvpo_beta=0.0 must be > 0"),
+    (dict(loss="disco", aggregation="seq_mean", disco_score="logp"), "disco_score='logp' is unknown; known: 'log_prob'"),
+    (dict(loss="egsw", egsw_temperature=0.0), "egsw_temperature=0.0 must be > 0"),
+    (dict(reward_combine="normalize"), "known: 'sum_then_normalize', 'normalize_each', 'normalize_then_sum'"),
+    (dict(loss="gtpo", num_iterations=2), "off-policy without correction"),
     (dict(loss="cispo", aggregation="token_mean", ratio_impl="pallas"), "ratio_impl='pallas' picks how"),
     (dict(loss="gspo", aggregation="seq_mean", top_entropy_quantile=0.5), "top_entropy_quantile selects tokens"),
     (dict(top_entropy_quantile=0.0), "top_entropy_quantile=0.0"),

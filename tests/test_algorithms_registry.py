@@ -43,10 +43,13 @@ def test_every_entry_declares_a_reference_and_real_fields():
     fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
     for registry in (ADVANTAGES, LOSSES, AGGREGATIONS, KL_ESTIMATORS):
         for name, entry in registry.items():
-            assert callable(entry.reference) and entry.reference.__module__ == reference.__name__, name
+            assert callable(entry.reference) and entry.reference.__module__.startswith(reference.__name__), name
+    for name, spec in (*LOSSES.items(), *ADVANTAGES.items()):
+        assert set(spec.fields) <= fields, name
     for name, spec in LOSSES.items():
-        assert set(spec.clip_fields) <= fields, name
-        assert (spec.select is None) == (spec.select_reference is None), name
+        assert (spec.stats is None) == (spec.stats_reference is None), name
+        assert spec.stats_reference is None or spec.stats_reference.__module__.startswith(reference.__name__), name
+        assert not spec.needs_groups or spec.stats is not None, name
 
 
 @pytest.fixture
@@ -56,7 +59,7 @@ def scaled_reinforce():
     def unit(cfg, c):
         return -cfg.eps_max * c.a * c.l, None, None
 
-    @loss("scaled_reinforce", unit="token", ratio=False, clip_fields=("eps_max",), reference=unit)
+    @loss("scaled_reinforce", unit="token", ratio=False, fields=("eps_max",), reference=unit)
     def scaled(cfg, x):
         return LossTerms(-cfg.eps_max * x.advantages * x.logp)
 
@@ -70,14 +73,14 @@ def test_a_new_registration_is_validated_tabulated_and_checked_by_its_declaratio
     cfg = AlgorithmConfig(loss=scaled_reinforce, eps_max=3.0, beta=0.0, aggregation="token_mean")
     with pytest.raises(ValueError, match="has no importance ratio"):
         dataclasses.replace(cfg, num_iterations=2)
-    with pytest.raises(ValueError, match=r"does not read eps_high=0.3 \(only \['ppo_clip'"):
+    with pytest.raises(ValueError, match=r"do not read eps_high=0.3 \(only \['ppo_clip'"):
         dataclasses.replace(cfg, eps_high=0.3)
     with pytest.raises(ValueError, match=r"scaled_reinforce'\] do\); unset it"):
         AlgorithmConfig(eps_max=3.0)  # ppo_clip does not read eps_max: the new loss is named as its reader
-    assert "eps_max" in config_module.clip_fields()
+    assert "eps_max" in config_module.variant_fields()
     # the reference comparison the registry-wide tests run, on the new loss
     x = make_batch(seed=2)
     loss_value, grad, _ = run(cfg_for(scaled_reinforce, eps_max=3.0), x)
-    want, _, want_grad = reference_loss(cfg_for(scaled_reinforce, eps_max=3.0), x)
+    want, _, want_grad, _ = reference_loss(cfg_for(scaled_reinforce, eps_max=3.0), x)
     np.testing.assert_allclose(loss_value, want, rtol=1e-5)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)

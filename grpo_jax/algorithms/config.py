@@ -2,8 +2,9 @@
 
 A preset is only a named set of field values: `AlgorithmConfig.from_preset("gspo", beta=0.01)` or
 `dataclasses.replace(cfg, ...)`. Every combination is validated at construction, before any compile,
-from what the registries declare: a loss's unit, ratio, clip fields and kernel path, an
-aggregation's unit.
+from what the registries declare: a loss's unit, ratio, fields and kernel path, an advantage's
+fields, an aggregation's unit. `PRESETS` is the one list of presets (docs/presets.md, the trainer
+tests and the preset study iterate over it).
 """
 
 import dataclasses
@@ -15,7 +16,8 @@ from grpo_jax.algorithms.correction import TIS_LEVELS, TIS_MODES
 from grpo_jax.algorithms.kl import KL_ESTIMATORS
 from grpo_jax.algorithms.losses import LOSSES
 
-REWARD_COMBINES = ("sum_then_normalize", "normalize_then_sum")
+REWARD_COMBINES = ("sum_then_normalize", "normalize_each", "normalize_then_sum")
+DISCO_SCORES = ("log_prob", "ratio")
 ROUTING_REPLAY = ("none", "old", "sampler")
 RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
 
@@ -25,19 +27,21 @@ def _one_of(field, value, known):
         raise ValueError(f"AlgorithmConfig.{field}={value!r} is unknown; known: {', '.join(map(repr, known))}.")
 
 
-def clip_fields() -> tuple[str, ...]:
-    """Every field some registered loss declares it reads (the presets table's clip column)."""
-    return tuple(dict.fromkeys(f for spec in LOSSES.values() for f in spec.clip_fields))
+def variant_fields() -> tuple[str, ...]:
+    """Every field some registered loss or advantage declares it reads (the presets table's column)."""
+    return tuple(dict.fromkeys(f for reg in (LOSSES, ADVANTAGES) for spec in reg.values() for f in spec.fields))
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     """Advantages, policy loss, regularizers and aggregation, plus the data-side knobs the trainer reads.
 
-    Defaults are the grpo preset. Loss fields (each loss reads those its registration declares,
-    `LOSSES[name].clip_fields`; the others must keep their defaults): eps_low/eps_high are ratio
-    clips for the surrogates and log-space clips for gmpo; tau_pos/tau_neg are SAPO's; eps_max is
-    CISPO's cap; clip_cov_* and kl_cov_* are Clip-Cov's and KL-Cov's (verl's defaults).
+    Defaults are the grpo preset. Variant fields: each loss and advantage reads those its
+    registration declares (`LOSSES[name].fields`, `ADVANTAGES[name].fields`), the others must keep
+    their defaults. eps_low/eps_high are ratio clips for the surrogates (ABC-GRPO: for A > 0; DHPO:
+    of its token branch) and log-space clips for gmpo; tau_pos/tau_neg are SAPO's and SSPO's; eps_max
+    is CISPO's cap; clip_cov_* and kl_cov_* are Clip-Cov's and KL-Cov's (verl's defaults); the
+    others are named after their method (docs/algorithms.md gives each one's source and default).
     """
 
     # advantages
@@ -45,6 +49,11 @@ class AlgorithmConfig:
     adv_eps: float = 1e-6  # std + eps in the denominators
     gpg_scale: bool = False  # multiply A by N / N_valid (GPG)
     reward_combine: str = "sum_then_normalize"  # how the RewardConfig.weights-weighted rewards combine
+    ngrpo_max_reward: float = 1.0  # NGRPO: reward of the virtual samples added to every group
+    ngrpo_virtual_samples: int = 1
+    gapo_fraction: float = 0.5  # GAPO: share of the group its narrowest interval covers
+    noise_rate: float = 0.1  # S-GRPO: probability p that a binary reward is flipped, in [0, 0.5)
+    pass_k: int = 4  # pass@k advantage: k (<= group size)
     # policy loss
     loss: str = "ppo_clip"
     eps_low: float = 0.2
@@ -59,6 +68,23 @@ class AlgorithmConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4  # fraction of counted tokens KL-Cov penalizes
     kl_cov_coef: float = 1.0  # their |D| penalty
+    neg_eps_low: float = 0.2  # ABC-GRPO: the ratio clip for A <= 0 (eps_low/eps_high: for A > 0)
+    neg_eps_high: float = 0.2
+    seq_eps_low: float = 3e-4  # DHPO: the clip of its sequence-ratio branch (GSPO's range)
+    seq_eps_high: float = 4e-4
+    dhpo_alpha: float = 0.5  # DHPO: weight of the token ratio in the mix (0.5: averaged mixing)
+    holder_p: float = 1.0  # HolderPO: exponent of the power mean of the token ratios (0: geometric)
+    llds_coef: float = 0.1  # LLDS: weight of the likelihood-preserving penalty
+    gvpo_beta: float = 0.1  # GVPO: KL coefficient beta of the implicit reward
+    disco_score: str = "log_prob"  # DisCO: scoring function, log_prob (Log-L) | ratio (L-ratio)
+    disco_tau: float = 10.0  # DisCO: temperature of the log-mean-exp over the negatives
+    disco_delta: float = 1e-4  # DisCO: KL budget delta
+    disco_beta: float = 1e3  # DisCO: penalty coefficient of the constraint
+    gtpo_conflict_weight: float = 2.0  # GTPO: weight of a positive completion's conflict tokens
+    gtpo_entropy_max: float = 0.7  # GTPO: completions with a higher mean entropy get A = 0
+    gtpo_entropy_coef: float = 0.1  # GTPO: A - coef * mean entropy for the others
+    egsw_alpha: float = 1.0  # EGSW: weight of the entropy in the sequence-weight logits
+    egsw_temperature: float = 1.0  # EGSW: softmax temperature P
     aggregation: str = "seq_mean_token_mean"
     # how the losses with the ratio_clip kernel path run: auto (kernels.ratio_clip's default: pallas
     # on TPU, else jnp), reference (algorithms.ratio, plain autodiff), or a kernels.ratio_clip impl
@@ -97,6 +123,7 @@ class AlgorithmConfig:
         _one_of("kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
         _one_of("tis_level", self.tis_level, TIS_LEVELS)
         _one_of("tis_mode", self.tis_mode, TIS_MODES)
+        _one_of("disco_score", self.disco_score, DISCO_SCORES)
         _one_of("routing_replay", self.routing_replay, ROUTING_REPLAY)
         self._check_loss()
         self._check_values()
@@ -135,11 +162,12 @@ class AlgorithmConfig:
                 "loss (e.g. ppo_clip)."
             )
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in clip_fields():
-            if name not in spec.clip_fields and getattr(self, name) != defaults[name]:
-                readers = [n for n, s in LOSSES.items() if name in s.clip_fields]
-                raise ValueError(f"AlgorithmConfig: loss={loss!r} does not read {name}={getattr(self, name)!r} "
-                                 f"(only {readers} do); unset it.")
+        reads = {*spec.fields, *ADVANTAGES[self.advantage].fields}
+        for name in variant_fields():
+            if name not in reads and getattr(self, name) != defaults[name]:
+                readers = [n for reg in (LOSSES, ADVANTAGES) for n, s in reg.items() if name in s.fields]
+                raise ValueError(f"AlgorithmConfig: loss={loss!r} / advantage={self.advantage!r} do not read "
+                                 f"{name}={getattr(self, name)!r} (only {readers} do); unset it.")
         if self.ratio_impl != "auto" and spec.kernel != "ratio_clip":
             kernel_losses = [n for n, s in LOSSES.items() if s.kernel == "ratio_clip"]
             raise ValueError(f"AlgorithmConfig: ratio_impl={self.ratio_impl!r} picks how {kernel_losses} run; "
@@ -174,12 +202,37 @@ class AlgorithmConfig:
                              "must be > 1.")
         if self.off_policy_threshold is not None and self.off_policy_threshold < 0:
             raise ValueError(f"AlgorithmConfig: off_policy_threshold={self.off_policy_threshold} must be >= 0.")
+        self._check_variant_values()
         if self.beta < 0 or self.adv_eps < 0:
             raise ValueError(f"AlgorithmConfig: beta={self.beta} and adv_eps={self.adv_eps} must be >= 0.")
         if self.num_iterations < 1 or self.max_gen_batches < 1:
             raise ValueError("AlgorithmConfig: num_iterations and max_gen_batches must be >= 1.")
         if not 0 <= self.overlong_buffer_frac < 1 or self.overlong_kappa < 0:
             raise ValueError("AlgorithmConfig: overlong_buffer_frac must lie in [0, 1) and overlong_kappa be >= 0.")
+
+    def _check_variant_values(self):
+        rules = {
+            "ngrpo_virtual_samples": (self.ngrpo_virtual_samples >= 1, "must be >= 1 (virtual max-reward samples per group)"),
+            "gapo_fraction": (0 < self.gapo_fraction <= 1, "must lie in (0, 1] (the share of a group its interval covers)"),
+            "noise_rate": (0 <= self.noise_rate < 0.5, "must lie in [0, 0.5) (a flip probability; 0.5 is pure noise)"),
+            "pass_k": (self.pass_k >= 1, "must be >= 1"),
+            "neg_eps_low": (0 <= self.neg_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
+            "neg_eps_high": (self.neg_eps_high >= 0, "must be >= 0"),
+            "seq_eps_low": (0 <= self.seq_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
+            "seq_eps_high": (self.seq_eps_high >= 0, "must be >= 0"),
+            "dhpo_alpha": (0 <= self.dhpo_alpha <= 1, "must lie in [0, 1] (1: token ratio only, 0: sequence ratio only)"),
+            "llds_coef": (self.llds_coef >= 0, "must be >= 0"),
+            "gvpo_beta": (self.gvpo_beta > 0, "must be > 0"),
+            "disco_tau": (self.disco_tau > 0, "must be > 0"),
+            "disco_delta": (self.disco_delta >= 0, "must be >= 0"),
+            "disco_beta": (self.disco_beta >= 0, "must be >= 0"),
+            "gtpo_conflict_weight": (self.gtpo_conflict_weight >= 0, "must be >= 0"),
+            "gtpo_entropy_max": (self.gtpo_entropy_max >= 0, "must be >= 0"),
+            "egsw_temperature": (self.egsw_temperature > 0, "must be > 0"),
+        }
+        for name, (ok, why) in rules.items():
+            if not ok:
+                raise ValueError(f"AlgorithmConfig: {name}={getattr(self, name)!r} {why}.")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "AlgorithmConfig":
@@ -207,4 +260,20 @@ PRESETS: dict[str, dict] = {
     "gpg": dict(_BASE, advantage="group_mean", gpg_scale=True, loss="reinforce", aggregation="token_mean"),
     "opo": dict(_BASE, advantage="opo", loss="reinforce", aggregation="seq_mean_token_sum"),
     "rloo": dict(_BASE, advantage="rloo", loss="reinforce", aggregation="seq_mean_token_sum"),
+    # issue 18: each preset named after its paper (docs/presets.md lists the sources)
+    "ngrpo": dict(_BASE, advantage="ngrpo", eps_low=0.16, eps_high=0.24, aggregation="token_mean"),
+    "gapo": dict(advantage="gapo", eps_high=0.28, clip_c=10.0, beta=0.01, aggregation="token_mean"),
+    "s_grpo": dict(_BASE, advantage="noise_aware", aggregation="seq_mean_token_sum_norm"),
+    "reinforce_pp": dict(_BASE, advantage="reinforce_pp", aggregation="token_mean"),
+    "pass_at_k": dict(_BASE, advantage="pass_at_k"),
+    "mo_grpo": dict(_BASE, reward_combine="normalize_each"),
+    "abc_grpo": dict(_BASE, loss="abc_grpo"),
+    "dhpo": dict(_BASE, loss="dhpo"),
+    "holder_po": dict(_BASE, loss="holder", aggregation="seq_mean"),
+    "sspo": dict(_BASE, loss="sspo", aggregation="seq_mean"),
+    "llds": dict(_BASE, loss="llds"),
+    "egsw": dict(_BASE, loss="egsw"),
+    "gvpo": dict(_BASE, advantage="group_mean", loss="gvpo", aggregation="seq_mean"),
+    "disco": dict(_BASE, loss="disco", aggregation="seq_mean"),
+    "gtpo": dict(_BASE, loss="gtpo"),
 }

@@ -75,9 +75,7 @@ def policy_loss(
     adv = advantages.astype(jnp.float32)
     adv_tokens = jnp.where(on, adv if adv.ndim == 2 else jnp.broadcast_to(adv[:, None], logp.shape), 0.0)
     unit_adv = adv_tokens if spec.unit == "token" else adv
-    select = stats.select if spec.select is not None else jnp.zeros_like(mask)
-
-    terms = spec.fn(cfg, LossInputs(logp, old_logp, unit_adv, mask, select))
+    terms = spec.fn(cfg, LossInputs(logp, old_logp, unit_adv, mask, stats.loss if stats is not None else {}))
     u = terms.u
     metrics = dict(terms.metrics or {})
     if cfg.top_entropy_quantile < 1:

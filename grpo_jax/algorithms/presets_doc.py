@@ -1,54 +1,71 @@
 """Renders the presets table of docs/presets.md from PRESETS, so the docs cannot drift.
 
 Regenerate with `python -m grpo_jax.algorithms.presets_doc`; tests/test_algorithms_presets.py
-asserts the committed file equals `presets_markdown()`.
+asserts the committed file equals `presets_markdown()` and that every preset has its source here.
 """
 
 import dataclasses
 import pathlib
 
-from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, clip_fields
+from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, variant_fields
+from grpo_jax.algorithms.advantages import ADVANTAGES
 from grpo_jax.algorithms.losses import LOSSES
 
 COLUMNS = ("advantage", "loss", "aggregation", "beta")
 PATH = pathlib.Path(__file__).parents[2] / "docs" / "presets.md"
+SOURCES = {  # the paper each preset is named after (arXiv id), or the trainer whose convention it follows
+    "grpo": "DeepSeekMath 2402.03300", "dr_grpo": "Dr. GRPO 2503.20783", "dapo": "DAPO 2503.14476",
+    "bnpo": "TRL loss_type=bnpo", "gspo": "GSPO 2507.18071", "gspo_token": "GSPO 2507.18071",
+    "gmpo": "GMPO 2507.20673", "sapo": "SAPO 2511.20347", "cispo": "MiniMax-M1 2506.13585",
+    "gpg": "GPG 2504.02546", "opo": "OPO 2505.23585", "rloo": "RLOO 2402.14740",
+    "ngrpo": "NGRPO 2509.18851", "gapo": "GAPO 2510.21830", "s_grpo": "S-GRPO 2508.05928",
+    "reinforce_pp": "REINFORCE++ 2501.03262", "pass_at_k": "Pass@k Training 2508.10751",
+    "mo_grpo": "MO-GRPO 2509.22047", "abc_grpo": "ABC-GRPO 2601.03895", "dhpo": "DHPO 2601.05607",
+    "holder_po": "HolderPO 2605.12058", "sspo": "SSPO 2602.19327", "llds": "LLDS 2512.04220",
+    "egsw": "EGSW 2503.22456", "gvpo": "GVPO 2504.19599", "disco": "DisCO 2505.12366", "gtpo": "GTPO 2508.03772",
+}
 
 
 def presets_markdown() -> str:
     default = AlgorithmConfig()
-    clip_all = set(clip_fields())
+    read_somewhere = set(variant_fields())
     rows = []
     for name in PRESETS:
         cfg = AlgorithmConfig.from_preset(name)
         others = [
             f"{f.name}={getattr(cfg, f.name)!r}"
             for f in dataclasses.fields(cfg)
-            if f.name not in COLUMNS and f.name not in clip_all and getattr(cfg, f.name) != getattr(default, f.name)
+            if f.name not in COLUMNS and f.name not in read_somewhere and getattr(cfg, f.name) != getattr(default, f.name)
         ]
-        clip = ", ".join(f"{f}={getattr(cfg, f)}" for f in LOSSES[cfg.loss].clip_fields if getattr(cfg, f) is not None)
-        cells = [f"`{name}`", *(str(getattr(cfg, c)) for c in COLUMNS), clip or "-", ", ".join(others)]
+        reads = (*LOSSES[cfg.loss].fields, *ADVANTAGES[cfg.advantage].fields)
+        fields = ", ".join(f"{f}={getattr(cfg, f)}" for f in reads if getattr(cfg, f) is not None)
+        cells = [f"`{name}`", *(str(getattr(cfg, c)) for c in COLUMNS), fields or "-", ", ".join(others), SOURCES[name]]
         rows.append("| " + " | ".join(cells) + " |")
-    header = "| preset | " + " | ".join(COLUMNS) + " | clip | other fields (vs. defaults) |"
+    header = "| preset | " + " | ".join(COLUMNS) + " | variant fields | other fields (vs. defaults) | source |"
     return "\n".join([
         "# Algorithm presets",
         "",
         "Generated from `grpo_jax.algorithms.config.PRESETS` by `python -m grpo_jax.algorithms.presets_doc`;",
         "do not edit by hand. A preset is only a set of `AlgorithmConfig` fields; override any of them:",
         '`AlgorithmConfig.from_preset("gspo", beta=0.01)`. For gmpo, eps_low/eps_high are log-space clips.',
-        "The clip column lists the fields the preset's loss reads (its registration's `clip_fields`).",
+        "The variant-fields column lists the fields the preset's loss and advantage read (their",
+        "registrations' `fields`); the source column names the paper (arXiv id) of each.",
         "",
         "`bnpo` is TRL's `loss_type=\"bnpo\"`: token-mean aggregation of group_std advantages. The BNPO paper",
         "(arXiv 2506.02864) is a Beta-normalized advantage instead: `advantage=\"beta_norm\"` with any preset.",
         "Losses without an importance ratio (" + ", ".join(n for n, sp in LOSSES.items() if not sp.ratio)
         + ") run exactly one update per rollout batch: num_iterations=1 and train.minibatches=1.",
-        "Formulas and sources: [algorithms.md](algorithms.md).",
+        "Losses over whole groups (" + ", ".join(n for n, sp in LOSSES.items() if sp.needs_groups)
+        + ") need every minibatch to hold whole groups: train.prompts_per_step divisible by train.minibatches.",
+        "Formulas, sources and what each implementation follows: [algorithms.md](algorithms.md).",
         "",
         header,
-        "|" + "---|" * (len(COLUMNS) + 3),
+        "|" + "---|" * (len(COLUMNS) + 4),
         *rows,
         "",
         "Defaults (the fields not listed in a row): "
-        + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default) if f.name not in COLUMNS and f.name not in clip_all)
+        + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default)
+                    if f.name not in COLUMNS and f.name not in read_somewhere)
         + ".",
         "",
     ])

@@ -2,11 +2,13 @@
 
 Clip-Cov and KL-Cov pick tokens by their covariance over all counted tokens of the step (arXiv
 2505.22617), top-entropy selection keeps the tokens above an entropy quantile of the step (arXiv
-2506.01939, TRL's `top_entropy_quantile`). Taken per micro-batch, as trainers do, such decisions
-change with the micro-batch size and the device count. Here `train_step` runs a no-grad pass over
-all micro-batches (only when `needs_step_stats`), calls `step_stats` once on the whole step batch,
-and splits the per-token decisions with the micro-batches like the batch rows: every micro-batch
-sees exactly the decision of the unsplit batch.
+2506.01939, TRL's `top_entropy_quantile`), and the group losses (GVPO, DisCO, GTPO, EGSW) need
+statistics of each completion's whole group and of the batch. Taken per micro-batch, as trainers do,
+such decisions change with the micro-batch size and the device count (and a group's rows are spread
+over micro-batches). Here `train_step` runs a no-grad pass over all micro-batches (only when
+`needs_step_stats`), calls `step_stats` once on the whole step batch, and splits the per-row results
+with the micro-batches like the batch rows: every micro-batch sees exactly the decision of the
+unsplit batch.
 """
 
 import dataclasses
@@ -16,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from grpo_jax.algorithms.losses import LOSSES
+from grpo_jax.algorithms.losses import LOSSES, StepBatch
 
 if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
@@ -25,14 +27,14 @@ if TYPE_CHECKING:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class StepStats:
-    """Per-token decisions over the whole step batch; rows split with the batch's micro-batches."""
+    """Per-row results over the whole step batch; rows split with the batch's micro-batches."""
 
-    select: Float[Array, "batch seq"]  # the loss's selection (Clip-Cov: detached, KL-Cov: penalized)
+    loss: dict  # the loss's statistics, {name: [batch] or [batch, seq]} ({} unless it declares `stats`)
     keep: Float[Array, "batch seq"]  # top-entropy tokens whose policy loss counts (1 when off)
 
 
 def needs_step_stats(cfg: "AlgorithmConfig") -> bool:
-    return LOSSES[cfg.loss].select is not None or cfg.top_entropy_quantile < 1
+    return LOSSES[cfg.loss].stats is not None or cfg.top_entropy_quantile < 1
 
 
 def entropy_keep(quantile: float, entropy, mask):
@@ -53,19 +55,36 @@ def step_stats(
     mask: Float[Array, "batch seq"],
     entropy: Float[Array, "batch seq"],
     priority: Int[Array, "batch seq"],
+    *,
+    tokens: Int[Array, "batch seq"] | None = None,
+    group_size: int | None = None,
 ) -> StepStats:
     """The step's decisions from the current log-probs and entropies of EVERY completion of the step.
 
     `priority` is a random permutation of the token slots (distinct integers): the random choice of
-    Clip-Cov, reproducible from the key that drew it. All inputs are detached.
+    Clip-Cov, reproducible from the key that drew it. `tokens` (the completion ids) and `group_size`
+    (rows [k G, (k + 1) G) are group k) are needed by losses that declare `needs_groups`. All inputs
+    are detached.
     """
-    logp, old_logp, entropy = (jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for v in (logp, old_logp, entropy))
+    spec = LOSSES[cfg.loss]
+    if spec.needs_groups:
+        if group_size is None or tokens is None:
+            raise ValueError(f"step_stats: loss={cfg.loss!r} compares the completions of a group; pass "
+                             "group_size= (SamplingConfig.group_size) and tokens= (the completion ids).")
+        if mask.shape[0] % group_size:
+            raise ValueError(f"step_stats: loss={cfg.loss!r} needs whole groups, but {mask.shape[0]} rows do not "
+                             f"split into groups of {group_size}.")
     mask = jnp.asarray(mask, jnp.float32)
+    on = mask > 0
+
+    def detached(x):
+        return jnp.where(on, jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)), 0.0)
+
     adv = jnp.asarray(advantages, jnp.float32)
     adv = adv if adv.ndim == 2 else jnp.broadcast_to(adv[:, None], mask.shape)
-    spec = LOSSES[cfg.loss]
-    select = jnp.zeros(mask.shape, bool)
-    if spec.select is not None:
-        select = spec.select(cfg, logp, old_logp, adv, mask, priority)
-    keep = entropy_keep(cfg.top_entropy_quantile, entropy, mask)
-    return StepStats(select.astype(jnp.float32), keep.astype(jnp.float32))
+    batch = StepBatch(detached(logp), detached(old_logp), detached(adv), mask, detached(entropy),
+                      jnp.asarray(priority), jnp.zeros(mask.shape, jnp.int32) if tokens is None else jnp.asarray(tokens),
+                      group_size or 1)
+    stats = spec.stats(cfg, batch) if spec.stats is not None else {}
+    keep = entropy_keep(cfg.top_entropy_quantile, batch.entropy, mask)
+    return StepStats(jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), stats), keep.astype(jnp.float32))

@@ -1,0 +1,129 @@
+"""Advantage estimators: scalar rewards of a batch of groups -> one advantage per completion.
+
+The registry and per-group reductions are in `base`; the estimators by family in `classic`
+(baseline and scale), `robust` (NGRPO, GAPO, S-GRPO) and `shaped` (BNPO, pass@k). An estimator is
+`fn(cfg, rewards, groups, lengths) -> advantages` over float32 [N] arrays, registered with
+`@advantage(name, reference=..., fields=...)` (its float64 twin in `algorithms.reference`); groups are
+integer ids (samples sharing an id share a prompt), so the [num_groups, G] layout and explicit ids go
+through one code path. `compute_advantages` gives every estimator exactly 0 on a group whose rewards
+are all equal (no float residue of R - mean divided by std + eps) and 0 where a batch-level spread
+is 0, so a new estimator inherits that without writing it (unless it registers
+`learns_from_uniform_groups`, as NGRPO does by design).
+"""
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from grpo_jax.algorithms.advantages import classic, robust, shaped  # noqa: F401  (registers the estimators)
+from grpo_jax.algorithms.advantages.base import ADVANTAGES, Advantage, advantage, batch_standardize, group_spread
+
+if TYPE_CHECKING:
+    from grpo_jax.algorithms.config import AlgorithmConfig
+
+__all__ = ["ADVANTAGES", "Advantage", "advantage", "compute_advantages", "overlong_penalty"]
+
+
+def _group_ids(n: int, group_size: int | None, group_ids, need: int, why: str) -> Int[Array, " n"]:
+    """Validates the grouping (before any compile) and returns integer ids in [0, n). Every group
+    must hold at least `need` completions (2, or what the estimator declares: `why` says so)."""
+    if (group_size is None) == (group_ids is None):
+        raise ValueError("compute_advantages: pass exactly one of group_size= or group_ids=.")
+    if group_size is not None:
+        if group_size < need:
+            raise ValueError(
+                f"compute_advantages: group_size={group_size}, but {why} needs at least {need} completions "
+                "per prompt; sample more (SamplingConfig.group_size)."
+            )
+        if n % group_size:
+            raise ValueError(f"compute_advantages: {n} rewards do not split into groups of {group_size}.")
+        return jnp.arange(n) // group_size
+    if group_ids.shape != (n,):
+        raise ValueError(f"compute_advantages: group_ids has shape {group_ids.shape}, rewards have {n} rows.")
+    if not isinstance(group_ids, jax.core.Tracer):  # concrete ids: check here; traced: caller's job
+        ids = np.asarray(group_ids)
+        if ids.min() < 0 or ids.max() >= n:
+            raise ValueError(f"compute_advantages: group_ids must lie in [0, {n}).")
+        counts = np.bincount(ids)
+        small = np.flatnonzero((counts > 0) & (counts < need))
+        if small.size:
+            raise ValueError(
+                f"compute_advantages: group(s) {small.tolist()} hold fewer than {need} completions; {why} "
+                f"needs at least {need} per group."
+            )
+    return jnp.asarray(group_ids, jnp.int32)
+
+
+def compute_advantages(
+    cfg: "AlgorithmConfig",
+    rewards: Float[Array, "n"] | Float[Array, "n k"],
+    group_size: int | None = None,
+    group_ids: Int[Array, " n"] | None = None,
+    lengths: Int[Array, " n"] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> Float[Array, " n"]:
+    """Advantages for N completions from one reward per completion, or K weighted rewards [N, K].
+
+    Groups: `group_size=G` (consecutive rows form a group) or `group_ids` (any integers in [0, N)).
+    `lengths` (counted completion lengths) are needed by estimators registered with needs_lengths.
+    `reward_weights` w_k (one per column, default all 1; the trainer passes RewardConfig.weights)
+    combine per `cfg.reward_combine`: sum_then_normalize (R = sum_k w_k R^k, then the estimator),
+    normalize_each (MO-GRPO: the estimator on each R^k, then their weighted sum) or
+    normalize_then_sum (GDPO: the same sum, then standardized over the batch). `cfg.gpg_scale`
+    multiplies by N / N_valid, N_valid the samples in groups whose combined signal (the weighted
+    reward sum, or the weighted sum of per-reward advantages) is not all equal.
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    rewards = rewards[:, None] if rewards.ndim == 1 else rewards
+    n, k = rewards.shape
+    weights = (1.0,) * k if reward_weights is None else tuple(reward_weights)
+    if len(weights) != k:
+        raise ValueError(
+            f"compute_advantages: {k} reward column(s) but {len(weights)} reward_weights; give one "
+            "weight per reward function."
+        )
+    spec = ADVANTAGES[cfg.advantage]
+    if spec.needs_lengths and lengths is None:
+        raise ValueError(f"compute_advantages: advantage={cfg.advantage!r} needs lengths= (counted completion lengths).")
+    need, why = 2, "every estimator (it compares a completion with the others of its group)"
+    if spec.min_group_size is not None and spec.min_group_size(cfg) > 2:
+        need = spec.min_group_size(cfg)
+        why = f"advantage={cfg.advantage!r} with " + ", ".join(f"{f}={getattr(cfg, f)}" for f in spec.fields)
+    groups = _group_ids(n, group_size, group_ids, need, why)
+
+    def informative(signal):  # groups whose signal varies (all of them for estimators that learn from the others)
+        return group_spread(signal, groups) > 0 if not spec.learns_from_uniform_groups else jnp.ones(n, bool)
+
+    def estimate(r):  # exactly 0 on groups without spread
+        return jnp.where(informative(r), spec.fn(cfg, r, groups, lengths), 0.0)
+
+    w = jnp.asarray(weights, jnp.float32)
+    if cfg.reward_combine == "sum_then_normalize":
+        combined = (rewards * w).sum(1)
+        adv = estimate(combined)
+    else:
+        combined = (jax.vmap(estimate, in_axes=1, out_axes=1)(rewards) * w).sum(1)
+        valid = informative(combined)
+        adv = jnp.where(valid, combined, 0.0)
+        if cfg.reward_combine == "normalize_then_sum":
+            adv = jnp.where(valid, batch_standardize(adv, cfg.adv_eps), 0.0)
+    if cfg.gpg_scale:
+        valid = group_spread(combined, groups) > 0
+        adv = adv * n / jnp.maximum(valid.sum(), 1)
+    return adv.astype(jnp.float32)
+
+
+def overlong_penalty(
+    cfg: "AlgorithmConfig", lengths: Int[Array, " n"], max_len: int
+) -> Float[Array, " n"]:
+    """DAPO overlong shaping, a reward term: 0 up to L_max - B, then linear down to -kappa at L_max
+    (B = overlong_buffer_frac * L_max, at least one token); -kappa past L_max."""
+    buffer = max(int(cfg.overlong_buffer_frac * max_len), 1)
+    soft = max_len - buffer
+    lengths = jnp.asarray(lengths, jnp.float32)
+    ramp = (soft - lengths) / buffer * cfg.overlong_kappa
+    return jnp.where(lengths <= soft, 0.0, jnp.where(lengths <= max_len, ramp, -cfg.overlong_kappa))

@@ -1,0 +1,58 @@
+"""Baseline-and-scale estimators: A = (R - baseline) / scale, the baseline a group mean (or its
+leave-one-out or length-weighted form), the scale a group or batch standard deviation."""
+
+import jax.numpy as jnp
+
+from grpo_jax.algorithms import reference
+from grpo_jax.algorithms.advantages.base import advantage, group_stats, group_sum
+
+
+@advantage("group_std", reference=reference.group_std)
+def group_std(cfg, rewards, groups, lengths):
+    """GRPO: (R - mean_g) / (std_g + eps)."""
+    _, mean, std = group_stats(rewards, groups)
+    return (rewards - mean) / (std + cfg.adv_eps)
+
+
+@advantage("group_mean", reference=reference.group_mean)
+def group_mean(cfg, rewards, groups, lengths):
+    """Dr. GRPO: R - mean_g (no std division, which up-weights easy and hard prompts)."""
+    _, mean, _ = group_stats(rewards, groups)
+    return rewards - mean
+
+
+@advantage("rloo", reference=reference.rloo)
+def rloo(cfg, rewards, groups, lengths):
+    """RLOO: R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)."""
+    size, mean, _ = group_stats(rewards, groups)
+    return size / (size - 1) * (rewards - mean)
+
+
+@advantage("opo", reference=reference.opo, needs_lengths=True)
+def opo(cfg, rewards, groups, lengths):
+    """OPO: R_i - sum_j L_j R_j / sum_j L_j, the length-weighted (optimal for on-policy) baseline."""
+    lengths = lengths.astype(jnp.float32)
+    baseline = group_sum(lengths * rewards, groups) / jnp.maximum(group_sum(lengths, groups), 1.0)
+    return rewards - baseline
+
+
+@advantage("batch_std", reference=reference.batch_std)
+def batch_std(cfg, rewards, groups, lengths):
+    """TRL scale_rewards="batch": group-centred, scaled by the std of the whole batch."""
+    _, mean, _ = group_stats(rewards, groups)
+    return (rewards - mean) / (jnp.std(rewards, ddof=1) + cfg.adv_eps)
+
+
+@advantage("reinforce_pp", reference=reference.reinforce_pp, needs_lengths=True)
+def reinforce_pp(cfg, rewards, groups, lengths):
+    """REINFORCE++-baseline (arXiv 2501.03262; OpenRLHF `reinforce_baseline`, verl
+    `compute_reinforce_plus_plus_baseline_outcome_advantage`): c = R - mean_g, then whitened over the
+    batch's counted tokens (every token of completion i carries c_i): (c - mu) / (sigma + eps) with mu,
+    sigma the token-weighted mean and std (ddof 1) over the whole rollout batch."""
+    _, mean, _ = group_stats(rewards, groups)
+    c = rewards - mean
+    w = lengths.astype(jnp.float32)
+    tokens = w.sum()
+    mu = (w * c).sum() / jnp.maximum(tokens, 1.0)
+    sigma = jnp.sqrt((w * (c - mu) ** 2).sum() / jnp.maximum(tokens - 1.0, 1.0))
+    return jnp.where(sigma > 0, (c - mu) / (sigma + cfg.adv_eps), 0.0)

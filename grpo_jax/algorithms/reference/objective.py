@@ -1,0 +1,136 @@
+"""Float64 references of everything around the loss (KL estimators, aggregations, rollout
+correction) and of the whole `policy_loss`, with its central-difference gradient."""
+
+import types
+
+import numpy as np
+
+from grpo_jax.algorithms.reference.common import LOG_RATIO_BOUND, exp_clamped
+from grpo_jax.algorithms.reference.step import entropy_keep
+
+
+def k1(l, ref):
+    return l - ref
+
+
+def k2(l, ref):
+    return (l - ref) ** 2 / 2
+
+
+def k3(l, ref):
+    x = ref - l
+    return np.minimum(np.exp(np.clip(x, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)) - x - 1, 10)
+
+
+# fn(list of per-completion unit losses, N, counted tokens, L_max) -> the step loss
+def token_mean(units, n, ntok, lmax):
+    return sum(u.sum() for u in units) / ntok
+
+
+def seq_mean_token_mean(units, n, ntok, lmax):
+    return sum(u.mean() for u in units) / n
+
+
+def seq_mean_token_sum(units, n, ntok, lmax):
+    return sum(u.sum() for u in units) / n
+
+
+def seq_mean_token_sum_norm(units, n, ntok, lmax):
+    return sum(u.sum() for u in units) / (n * lmax)
+
+
+def seq_mean(units, n, ntok, lmax):
+    return sum(float(u) for u in units) / n
+
+
+def correction_weight(cfg, d):
+    """Detached rollout-correction weight of one completion from d = l^old - l^samp over its counted
+    tokens: per token, or one value (sequence: exp of the sum, geometric: exp of the mean)."""
+    log_w = {"token": d, "sequence": np.sum(d), "geometric": np.mean(d)}[cfg.tis_level]
+    w = exp_clamped(log_w)
+    c = cfg.tis_cap
+    if cfg.tis_mode == "truncate":
+        return np.minimum(w, c)
+    keep = w <= c if cfg.tis_mode == "mask" else (w >= 1 / c) & (w <= c)
+    return np.where(keep, w, 0.0)
+
+
+# ----------------------------------------------------------------------------- the whole policy loss
+def step_statistics(cfg, logp, old_logp, advantages, mask, entropy, priority, tokens=None, group_size=None):
+    """(the loss's statistics, the top-entropy keep mask), as `algorithms.step_stats` decides them."""
+    from grpo_jax.algorithms.losses import LOSSES
+
+    spec = LOSSES[cfg.loss]
+    adv = advantages if advantages.ndim == 2 else np.broadcast_to(advantages[:, None], mask.shape)
+    s = types.SimpleNamespace(logp=logp, old_logp=old_logp, advantages=adv, mask=mask, entropy=entropy,
+                              priority=priority, tokens=tokens, group_size=group_size)
+    stats = spec.stats_reference(cfg, s) if spec.stats is not None else {}
+    return stats, entropy_keep(cfg.top_entropy_quantile, entropy, mask)
+
+
+def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_logp=None, entropy=None,
+                priority=None, tokens=None, group_size=None, max_completion_len=8, statistics=None):
+    """(step loss, clip fractions, clip units) of `algorithms.policy_loss` over the whole batch, in float64.
+
+    `lv` carries the perturbation of a gradient check, `lf` the unperturbed log-probs (everything the
+    library detaches is computed from lf, including the step statistics, which a caller that
+    evaluates many perturbations passes once as `statistics`)."""
+    from grpo_jax.algorithms.aggregation import AGGREGATIONS
+    from grpo_jax.algorithms.kl import KL_ESTIMATORS
+    from grpo_jax.algorithms.losses import LOSSES
+
+    spec = LOSSES[cfg.loss]
+    stats, keep = statistics or step_statistics(cfg, lf, old_logp, advantages, mask, entropy, priority, tokens,
+                                                group_size)
+    counted = [np.flatnonzero(mask[i] > 0) for i in range(len(mask))]
+    n = sum(len(idx) > 0 for idx in counted)
+    ntok = sum(len(idx) for idx in counted)
+    units, clips = [], {"low": [], "high": [], "low_tokens": [], "high_tokens": [], "units": 0}
+    for i, idx in enumerate(counted):
+        if len(idx) == 0:
+            continue
+        a = advantages[i, idx] if advantages.ndim == 2 else np.full(len(idx), advantages[i])
+        mine = {k: v[i, idx] if v.ndim == 2 else v[i] for k, v in stats.items()}
+        c = types.SimpleNamespace(l=lv[i, idx], f=lf[i, idx], o=old_logp[i, idx], a=a, **mine)
+        u, low, high = spec.reference(cfg, c)
+        per_sequence = spec.unit == "sequence" and np.ndim(low) == 0  # gmpo flags tokens
+        for name, flags in (("low", low), ("high", high)):
+            flags = np.zeros(len(idx), bool) if flags is None else np.asarray(flags)
+            clips[name].append(flags.sum())
+            clips[name + "_tokens"].append(flags.sum() * (len(idx) if per_sequence else 1))
+        clips["units"] += 1 if per_sequence else len(idx)
+        if spec.unit == "token":
+            u = u * keep[i, idx]
+        if cfg.tis_level is not None:
+            u = u * correction_weight(cfg, old_logp[i, idx] - sampler_logp[i, idx])
+        if cfg.off_policy_threshold is not None:
+            drift = np.mean(np.abs(old_logp[i, idx] - sampler_logp[i, idx]))
+            u = u * ~((a if spec.unit == "token" else a[0]) < 0) if drift > cfg.off_policy_threshold else u
+        reg = np.zeros(len(idx))
+        if cfg.beta > 0:
+            reg = reg + cfg.beta * KL_ESTIMATORS[cfg.kl_estimator].reference(lv[i, idx], ref_logp[i, idx])
+        if cfg.entropy_coef:
+            reg = reg - cfg.entropy_coef * entropy[i, idx]
+        units.append(u + (reg.mean() if spec.unit == "sequence" else reg))
+    loss = AGGREGATIONS[cfg.aggregation].reference(units, n, ntok, max_completion_len) if n else 0.0
+    fractions = {
+        "clip_frac_low": sum(clips["low"]) / max(clips["units"], 1),
+        "clip_frac_high": sum(clips["high"]) / max(clips["units"], 1),
+        "clip_frac_low_tokens": sum(clips["low_tokens"]) / max(ntok, 1),
+        "clip_frac_high_tokens": sum(clips["high_tokens"]) / max(ntok, 1),
+    }
+    return loss, fractions, clips["units"]
+
+
+def policy_loss_grad(cfg, logp, *args, h=1e-6, **kw):
+    """d policy_loss / d logp by central differences over the counted tokens (masked ones stay 0)."""
+    old_logp, advantages, mask = args[:3]
+    kw["statistics"] = step_statistics(cfg, logp, old_logp, advantages, mask, kw.get("entropy"), kw.get("priority"),
+                                       kw.get("tokens"), kw.get("group_size"))
+    g = np.zeros_like(logp)
+    for i, t in zip(*np.nonzero(mask > 0)):
+        plus, minus = logp.copy(), logp.copy()
+        plus[i, t] += h
+        minus[i, t] -= h
+        g[i, t] = (policy_loss(cfg, plus, logp, *args, **kw)[0] - policy_loss(cfg, minus, logp, *args, **kw)[0]) / (2 * h)
+    return g
