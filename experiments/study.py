@@ -194,7 +194,7 @@ def with_axes(rows: list[dict], cfg: Config, derive: Mapping) -> list[dict]:
 def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: pathlib.Path,
         runs_dir: pathlib.Path) -> dict:
     """Runs every arm x seed, then writes summary.json, table.md and the plots; returns the summary."""
-    start, loads = time.perf_counter(), [list(os.getloadavg())]
+    start, loads, git = time.perf_counter(), [list(os.getloadavg())], git_state()  # the code that runs
     results, warm_log = Results({arm: [] for arm in study.arms}), {}
     for seed in study.seeds:
         warm = {}
@@ -220,7 +220,7 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
             results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
-    summary = write(study, results, claims(results), results_dir, time.perf_counter() - start, loads, warm_log)
+    summary = write(study, results, claims(results), results_dir, time.perf_counter() - start, loads, warm_log, git)
     print(f"\nwrote {results_dir}/summary.json, table.md and {len(study.plots)} plot(s)")
     print((results_dir / "table.md").read_text())
     return summary
@@ -251,7 +251,7 @@ def _points(xs, ys) -> list:
 
 
 def write(study: Study, results: Results, claims: list[dict], results_dir: pathlib.Path, wall: float,
-          loads: list, warm_log: dict) -> dict:
+          loads: list, warm_log: dict, git: dict) -> dict:
     results_dir.mkdir(parents=True, exist_ok=True)
     for c in claims:
         claim(**c)  # validates
@@ -273,7 +273,7 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
         "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1),
                                      "curves": {k: _points(*r.series(k, "step")) for k in curves if r.series(k)[0].size}}
                        for r in runs} for arm, runs in results.items()},
-        "git": git_state(),
+        "git": git,
         "machine": machine(),
         "load_average_1_5_15min": {"start": loads[0], "max_1min_after_a_run": max(l[0] for l in loads[1:]),
                                    "end": loads[-1]},
