@@ -281,11 +281,21 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
                 "compare arms by updates and tokens",
         "wall_seconds": round(wall, 1),
     }
-    (results_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = _finite(summary)
+    (results_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     (results_dir / "table.md").write_text(table_md(study, summary))
     for p in study.plots:
         plot(results, p, results_dir / f"{p.file}.png")
     return summary
+
+
+def _finite(obj):
+    """`obj` with every nan or inf (a metric a run never logged) as None: JSON has no nan."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return None if isinstance(obj, float) and not np.isfinite(obj) else obj
 
 
 def study_values(results: Results, arm: str, fn) -> dict:
@@ -303,7 +313,8 @@ def table_md(study: Study, summary: dict) -> str:
                   "| | " + " | ".join(study.arms) + " |", "|---" * (len(study.arms) + 1) + "|"]
         for label in study.table:
             cells = [summary["table"][arm][label] for arm in study.arms]
-            lines.append(f"| {label} | " + " | ".join(f"{c['mean']:.4g} ± {c['std']:.2g}" for c in cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(
+                "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}" for c in cells) + " |")
     load = summary["load_average_1_5_15min"]
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "
