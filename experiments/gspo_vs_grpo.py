@@ -26,11 +26,9 @@ than that somewhere, "not_reproduced" if not more.
 """
 
 import numpy as np
+from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
 
-from grpo_jax import models
-from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig, override
-from grpo_jax.data import ArithmeticConfig, CharTokenizer
-from grpo_jax.rewards import RewardConfig
+from grpo_jax.config import override
 
 import study
 from warm_start import WarmStart
@@ -48,22 +46,10 @@ def arm(name: str, lr: float) -> str:
 
 
 def get_study(quick: bool) -> study.Study:
-    tok = CharTokenizer
-    base = Config(
-        model=models.ModelConfig(
-            model_type="qwen3", vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=192,
-            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
-            max_position_embeddings=64, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
-        ),
-        tokenizer="char",
-        mesh=MeshConfig(data=-1),
-        task=ArithmeticConfig(num_operands=3, min_value=0, max_value=9, operators="+-"),
-        sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=8, temperature=1.0),
-        reward=RewardConfig(names=("exact",), weights=(1.0,), num_workers=2),
-        optim=OptimConfig(schedule="cosine", warmup_steps=10, max_grad_norm=1.0),
-        train=TrainConfig(steps=150 if quick else 300, prompts_per_step=64, minibatches=4, eval_prompts=256,
-                          eval_every=25, checkpoint_every=10_000, keep_checkpoints=1),
-    )
+    base = override(quickstart_config(), [  # the quickstart's model, sampling and schedule; three operands
+        "task.num_operands=3", "task.max_value=9", f"train.steps={150 if quick else 300}", "train.minibatches=4",
+        "train.eval_prompts=256", "train.eval_every=25", "train.checkpoint_every=10000",
+    ])
     rates = (2e-3,) if quick else LEARNING_RATES
     arms = {arm(name, lr): override(base, [*changes, f"optim.learning_rate={lr}"])
             for lr in rates for name, changes in ARMS.items()}
@@ -119,7 +105,7 @@ def claims(results: study.Results) -> list[dict]:
             parts.append(f"{label} GSPO {study.spread(results.values(gspo, fn))} vs GRPO "
                          f"{study.spread(results.values(grpo, fn))}, paired difference {study.spread(d)}")
         better.append(all(wins))
-        tokens = results.values(gspo, lambda r: r.last("tokens")).mean() / results.values(grpo, lambda r: r.last("tokens")).mean()
+        tokens = np.divide(*(results.values(a, lambda r: r.last("tokens")).mean() for a in (gspo, grpo)))
         fig1.append(f"lr {lr:g}: " + "; ".join(parts) + f" (GSPO sampled {tokens:.3f}x GRPO's tokens)")
         c_gspo, c_grpo = results.values(gspo, clipped), results.values(grpo, clipped)
         ratios.append(c_gspo.mean() / max(c_grpo.mean(), 1e-12))

@@ -30,11 +30,9 @@ partial if below on the mean; not_reproduced otherwise.
 """
 
 import numpy as np
+from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
 
-from grpo_jax import models
-from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig, override
-from grpo_jax.data import ArithmeticConfig, CharTokenizer
-from grpo_jax.rewards import RewardConfig
+from grpo_jax.config import override
 
 import study
 from warm_start import WarmStart
@@ -65,22 +63,10 @@ LAYOUTS = {"around": answer_in_filler, "after": answer_then_filler}
 
 
 def get_study(quick: bool) -> study.Study:
-    tok = CharTokenizer
-    base = Config(
-        model=models.ModelConfig(
-            model_type="qwen3", vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=192,
-            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
-            max_position_embeddings=64, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
-        ),
-        tokenizer="char",
-        mesh=MeshConfig(data=-1),
-        task=ArithmeticConfig(num_operands=2, min_value=0, max_value=19, operators="+-"),
-        sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=32, group_size=8, temperature=1.0),
-        reward=RewardConfig(names=("exact",), weights=(1.0,), num_workers=2),
-        optim=OptimConfig(learning_rate=8e-4, schedule="cosine", warmup_steps=10, max_grad_norm=1.0),
-        train=TrainConfig(steps=120 if quick else 300, prompts_per_step=64, minibatches=2, eval_prompts=256,
-                          eval_every=25, checkpoint_every=10_000, keep_checkpoints=1),
-    )
+    base = override(quickstart_config(), [  # the quickstart's model, task and schedule; room for filler
+        "sampling.max_new_tokens=32", f"train.steps={120 if quick else 300}", "train.eval_prompts=256",
+        "train.eval_every=25", "train.checkpoint_every=10000",
+    ])
     layouts = ("after",) if quick else tuple(LAYOUTS)
     arms = {f"{alg}_{layout}": override(base, changes) for layout in layouts for alg, changes in ALGORITHMS.items()}
     return study.Study(
@@ -121,7 +107,7 @@ def claims(results: study.Results) -> list[dict]:
     grows, dr_flat, grows_text, dr_text = [], [], [], []
     for layout in layouts:
         grpo, dr = f"grpo_{layout}", f"dr_grpo_{layout}"
-        inc, cor = (results.values(grpo, growth(k)) for k in ("completion/length_incorrect", "completion/length_correct"))
+        inc, cor = (results.values(grpo, growth(f"completion/length_{k}")) for k in ("incorrect", "correct"))
         gap = inc - cor
         grows.append("all" if (inc > 0).all() and (gap > 0).all() else "mean" if inc.mean() > 0 and gap.mean() > 0
                      else "no")

@@ -270,9 +270,9 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
         "arms": {arm: {k: v for k, v in flatten(cfg).items() if base.get(k) != v and k not in drop}
                  for arm, cfg in study.arms.items()},
         "warm_starts": warm_log,  # per seed: each warm start, its config and the arms that start from it
-        "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1),
-                                     "curves": {k: _points(*r.series(k, "step")) for k in curves if r.series(k)[0].size}}
-                       for r in runs} for arm, runs in results.items()},
+        "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1), "curves": {
+            k: _points(*r.series(k, "step")) for k in curves if r.series(k)[0].size}} for r in runs}
+            for arm, runs in results.items()},
         "git": git,
         "machine": machine(),
         "load_average_1_5_15min": {"start": loads[0], "max_1min_after_a_run": max(l[0] for l in loads[1:]),
@@ -307,7 +307,8 @@ def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
     lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "",
              "| claim | source | paper | measured | verdict |", "|---|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |" for c in summary["claims"]]
+    lines += [f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |"
+              for c in summary["claims"]]
     if study.table:
         lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "",
                   "| | " + " | ".join(study.arms) + " |", "|---" * (len(study.arms) + 1) + "|"]
@@ -315,11 +316,11 @@ def table_md(study: Study, summary: dict) -> str:
             cells = [summary["table"][arm][label] for arm in study.arms]
             lines.append(f"| {label} | " + " | ".join(
                 "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}" for c in cells) + " |")
-    load = summary["load_average_1_5_15min"]
+    load, git = summary["load_average_1_5_15min"], summary["git"]
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "
               f"{load['max_1min_after_a_run']:.1f} (a shared machine: wall times are inflated). "
-              f"Commit {summary['git']['commit'][:10]}{' (with local changes)' if summary['git']['dirty'] else ''}.", ""]
+              f"Commit {git['commit'][:10]}" + (" (with local changes)." if git["dirty"] else "."), ""]
     return "\n".join(lines)
 
 
