@@ -364,17 +364,28 @@ def plot(results: Results, p: Plot, path: pathlib.Path) -> None:
 
 
 def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[dict]], argv=None) -> dict:
-    """`python experiments/NAME.py [--quick] [--results-dir DIR] [--seeds 0 1 2]`."""
+    """`python experiments/NAME.py [--quick] [--results-dir DIR] [--seeds 0 1 2] [--arms A B]`."""
     parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__)
     parser.add_argument("--quick", action="store_true", help="the reduced study (at most 10 minutes on 2 CPU cores)")
     parser.add_argument("--results-dir", type=pathlib.Path,
                         help="where summary.json, table.md and the plots go (default: experiments/results/NAME, "
                              "or its quick/ subfolder with --quick)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the study's seeds")
+    parser.add_argument("--arms", nargs="+", help="run only these of the study's arms (the table lists the arms run)")
     args = parser.parse_args(argv)
     study = dataclasses.replace(get_study(args.quick), quick=args.quick)
     if args.seeds:
         study = dataclasses.replace(study, seeds=tuple(args.seeds))
+    if args.arms:
+        unknown = sorted(set(args.arms) - set(study.arms))
+        if unknown:
+            parser.error(f"--arms {unknown}: this study's arms are {sorted(study.arms)}")
+        keep = set(args.arms)
+        study = dataclasses.replace(
+            study, arms={a: c for a, c in study.arms.items() if a in keep},
+            plots=tuple(p for p in study.plots if not p.arms or set(p.arms) <= keep),
+            warm_start={a: w for a, w in study.warm_start.items() if a in keep}
+            if isinstance(study.warm_start, Mapping) else study.warm_start)
     name = study.name + ("_quick" if args.quick else "")
     results_dir = args.results_dir or HERE / "results" / study.name / ("quick" if args.quick else "")
     return run(study, claims, results_dir, pathlib.Path("runs") / name)
