@@ -2,8 +2,8 @@
 
     pip install -e . && python experiments/quickstart.py [--results-dir DIR] [--seed N]
 
-The supervised warm start stops early, as soon as greedy held-out accuracy reaches
-WARM_START_ACCURACY, so that the model knows the answer format but not yet the arithmetic; GSPO
+The supervised warm start (experiments/warm_start.py) stops early, as soon as greedy held-out
+accuracy reaches 20%, so that the model knows the answer format but not yet the arithmetic; GSPO
 (experiments/configs/quickstart.py) then trains on the exact-match reward alone. Prints a
 before/after table and writes experiments/results/quickstart/{summary.json, curves.png} (or into
 --results-dir); the run itself (metrics.jsonl, TensorBoard events, checkpoints) goes to runs/quickstart.
@@ -18,60 +18,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE / "configs"))
 
-from grpo_jax import data, run, sampling, trainer  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
+from grpo_jax import run  # noqa: E402
 from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
-
-WARM_START_ACCURACY = 0.2  # stop supervised training once greedy held-out accuracy reaches this
-SFT_BATCH, SFT_LR, SFT_EVAL_EVERY, SFT_MAX_STEPS = 64, 3e-3, 25, 2000
-
-
-def sft_batches(cfg, tok):
-    """Endless (tokens, positions, segment_ids, mask) batches of prompt + answer + eos."""
-    batches = data.batches(trainer.build_task(cfg).train, batch_size=SFT_BATCH, seed=cfg.train.seed + 1)
-    new = cfg.sampling.max_new_tokens
-    for i in range(len(batches)):
-        examples = batches[i]
-        prompts = sampling.pad_prompts([tok.encode(ex["prompt"]) for ex in examples], cfg.sampling)
-        answers = [tok.encode(ex["answer"], add_bos=False) + [tok.eos_id] for ex in examples]
-        completions = np.array([a + [0] * (new - len(a)) for a in answers], np.int32)
-        mask = (completions > 0).astype(np.float32)
-        yield (*ts.sequences(prompts.tokens, prompts.lengths, jnp.asarray(completions)), jnp.asarray(mask))
-
-
-def warm_start(cfg, t: trainer.Trainer) -> tuple[object, list[dict]]:
-    """Cross-entropy on the answer tokens until greedy held-out accuracy >= WARM_START_ACCURACY."""
-    optimizer = optax.adamw(SFT_LR)
-    params = t.state.params
-    opt_state = optimizer.init(params)
-
-    @jax.jit
-    def step(params, opt_state, tokens, positions, segment_ids, mask):
-        def loss(p):
-            logp, _ = ts.completion_logprobs(cfg.model, 1.0, p, tokens, positions, segment_ids, mask, False)
-            return -(logp * mask).sum() / mask.sum()
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    log = []
-    for i, batch in enumerate(sft_batches(cfg, t.task.tokenizer), 1):
-        params, opt_state, loss = step(params, opt_state, *batch)
-        if i % SFT_EVAL_EVERY == 0 or i == SFT_MAX_STEPS:
-            t.state = dataclasses.replace(t.state, params=params)
-            acc = t.evaluate()["eval/accuracy_greedy"]
-            log.append({"sft_step": i, "loss": float(loss), "accuracy_greedy": acc})
-            print(f"warm start step {i}: loss {float(loss):.3f}, held-out greedy accuracy {acc:.1%}")
-            if acc >= WARM_START_ACCURACY or i == SFT_MAX_STEPS:
-                return params, log
+from warm_start import warm_start  # noqa: E402  (experiments/warm_start.py)
 
 
 def main():
@@ -85,7 +39,7 @@ def main():
     if args.seed is not None:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=args.seed))
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume
-    params, sft_log = warm_start(cfg, trainer.Trainer(cfg))
+    params, sft_log = warm_start(cfg)
     warm_seconds = time.perf_counter() - start
     out = run.train(cfg, params)
     rows = [json.loads(line) for line in (pathlib.Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]

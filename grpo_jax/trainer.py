@@ -308,7 +308,11 @@ class Trainer:
             "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
         }
         if drawn[0]["correct"] is not None:
-            m["accuracy"] = float(np.concatenate([s["correct"] for s in drawn]).mean())
+            correct = np.concatenate([s["correct"] for s in drawn])
+            m["accuracy"] = float(correct.mean())
+            for name, rows in (("correct", correct), ("incorrect", ~correct)):  # Dr. GRPO's length bias
+                if rows.any():
+                    m[f"completion/length_{name}"] = float(lengths[rows].mean())
         for s in drawn[:1]:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
         return m

@@ -1,0 +1,85 @@
+"""A short supervised warm start, so that RL starts from a model that knows the answer format.
+
+Cross-entropy on the completion tokens (the answer and eos; `WarmStart.target` may write something
+else, e.g. filler around the answer) until greedy held-out accuracy reaches `WarmStart.accuracy`:
+the model then knows the format but not yet the task, which leaves RL room to learn. Used by the
+quickstart and by every study of `experiments/study.py` (once per seed, shared by the arms).
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from grpo_jax import data, sampling, trainer
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config
+
+
+def answer_only(example: dict, rng: np.random.Generator) -> str:
+    """The reference answer, nothing else (the quickstart's target)."""
+    return example["answer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """Supervised phase before RL: stop at greedy held-out `accuracy` (checked every `eval_every`
+    steps) or after `max_steps`; the training data order is seeded by train.seed + 1."""
+
+    accuracy: float = 0.2
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    eval_every: int = 25
+    max_steps: int = 2000
+    target: Callable[[dict, np.random.Generator], str] = answer_only  # completion text of an example
+
+
+def sft_batches(cfg: Config, ws: WarmStart, tok):
+    """Endless (tokens, positions, segment_ids, mask) batches of prompt + target + eos."""
+    seed = cfg.train.seed + 1
+    batches = data.batches(trainer.build_task(cfg).train, batch_size=ws.batch_size, seed=seed)
+    new = cfg.sampling.max_new_tokens
+    for i in range(len(batches)):
+        examples, rng = batches[i], np.random.default_rng((seed, i))
+        prompts = sampling.pad_prompts([tok.encode(ex["prompt"]) for ex in examples], cfg.sampling)
+        targets = [tok.encode(ws.target(ex, rng), add_bos=False) + [tok.eos_id] for ex in examples]
+        if max(map(len, targets)) > new:
+            raise ValueError(f"a warm-start target has {max(map(len, targets))} tokens with eos > "
+                             f"sampling.max_new_tokens={new}: raise it or shorten WarmStart.target")
+        completions = np.array([t + [0] * (new - len(t)) for t in targets], np.int32)
+        mask = (completions > 0).astype(np.float32)
+        yield (*ts.sequences(prompts.tokens, prompts.lengths, jnp.asarray(completions)), jnp.asarray(mask))
+
+
+def warm_start(cfg: Config, ws: WarmStart = WarmStart(), params=None) -> tuple[object, list[dict]]:
+    """(params, log) after cross-entropy on the targets until greedy held-out accuracy >= ws.accuracy.
+
+    Starts from `params`, or from the model initialized with cfg.train.seed as a run would."""
+    t = trainer.Trainer(cfg, params)
+    optimizer = optax.adamw(ws.learning_rate)
+    params = t.state.params
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, tokens, positions, segment_ids, mask):
+        def loss(p):
+            logp, _ = ts.completion_logprobs(cfg.model, 1.0, p, tokens, positions, segment_ids, mask, False)
+            return -(logp * mask).sum() / mask.sum()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    log = []
+    for i, batch in enumerate(sft_batches(cfg, ws, t.task.tokenizer), 1):
+        params, opt_state, loss = step(params, opt_state, *batch)
+        if i % ws.eval_every == 0 or i == ws.max_steps:
+            t.state = dataclasses.replace(t.state, params=params)
+            acc = t.evaluate()["eval/accuracy_greedy"]
+            log.append({"sft_step": i, "loss": float(loss), "accuracy_greedy": acc})
+            print(f"warm start step {i}: loss {float(loss):.3f}, held-out greedy accuracy {acc:.1%}")
+            if acc >= ws.accuracy or i == ws.max_steps:
+                return params, log

@@ -1,0 +1,127 @@
+"""Smoke tests of the reproductions (experiments/*.py): each study through its own code path at a tiny
+size (its quick arms, one seed, 2 steps of 8 prompts x 4 samples), checking what it writes and that the
+numbers are sane. Compilation dominates: about a dozen programs per study (warm start, samplers, one
+train step per arm)."""
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from grpo_jax.config import override
+from grpo_jax.rewards import functions
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "experiments"))
+
+import gspo_vs_grpo  # noqa: E402
+import length_bias  # noqa: E402
+import study  # noqa: E402
+
+STEPS, SEEDS = 2, (0,)
+
+
+def tiny(s: study.Study) -> study.Study:
+    """`s` at a few seconds' size; every other field (model, task, algorithm, minibatches) as the study has it."""
+    shrink = [f"train.steps={STEPS}", "train.prompts_per_step=8", "sampling.group_size=4", "train.eval_prompts=8",
+              "train.eval_every=1", "train.checkpoint_every=1000", "optim.warmup_steps=0"]
+    ws = {a: dataclasses.replace(s.warm_start_of(a), max_steps=2, eval_every=1, batch_size=8) for a in s.arms}
+    return dataclasses.replace(s, arms={a: override(c, shrink) for a, c in s.arms.items()}, seeds=SEEDS, warm_start=ws)
+
+
+def run_tiny(module, tmp_path) -> tuple[study.Study, dict]:
+    s = tiny(module.get_study(quick=True))
+    summary = study.run(s, module.claims, tmp_path / "results", tmp_path / "runs")
+    assert summary == json.loads((tmp_path / "results" / "summary.json").read_text())
+    return s, summary
+
+
+def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path) -> None:
+    """The output contract (issue 14 item 6) and what every study shares."""
+    assert summary["claims"], "a study states at least one claim"
+    for c in summary["claims"]:
+        assert {"claim", "source", "paper", "measured", "verdict"} <= c.keys()
+        assert c["verdict"] in study.VERDICTS and all(isinstance(c[k], str) and c[k] for k in ("claim", "measured"))
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert all(c["claim"] in table and c["verdict"] in table for c in summary["claims"])
+    assert all(f"| {arm} " in table or f" {arm} |" in table for arm in s.arms)
+    for p in s.plots:
+        png = (tmp_path / "results" / f"{p.file}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert summary["seeds"] == list(SEEDS) and len(summary["git"]["commit"]) == 40
+    assert summary["wall_seconds"] > 0 and len(summary["load_average_1_5_15min"]["start"]) == 3
+    for arm, cfg in s.arms.items():
+        assert sorted(summary["runs"][arm]) == [str(x) for x in SEEDS]
+        for seed, r in summary["runs"][arm].items():
+            curves = r["curves"]
+            assert [x for x, _ in curves["reward/mean"]] == list(range(1, STEPS + 1))
+            assert [x for x, _ in curves["eval/accuracy_greedy"]] == list(range(STEPS + 1))
+            per_step = cfg.algorithm.num_iterations * cfg.train.minibatches
+            assert [u for _, u in curves["updates"]] == [per_step * k for k in range(STEPS + 1)]
+            tokens = [t for _, t in curves["tokens"]]
+            rows = cfg.train.prompts_per_step * cfg.sampling.group_size
+            assert tokens[0] == 0
+            assert all(0 < b - a <= rows * cfg.sampling.max_new_tokens for a, b in zip(tokens, tokens[1:]))
+            for key in ("reward/mean", "accuracy", "eval/accuracy_greedy", "clip_frac_high_tokens",
+                        "clip_frac_low_tokens"):
+                assert all(0 <= v <= 1 for _, v in curves[key]), (arm, key)
+    # Arms of a seed with the same warm start start from the same params: identical step-0 evaluations.
+    for seed in map(str, SEEDS):
+        warm = summary["warm_starts"][seed]
+        assert sorted(a for w in warm for a in w["arms"]) == sorted(s.arms) and all(w["steps"] == 2 for w in warm)
+        assert len(warm) == len({s.warm_start_of(a) for a in s.arms})
+        for w in warm:
+            first = {arm: step0(tmp_path, arm, seed) for arm in w["arms"]}
+            assert len({json.dumps(v) for v in first.values()}) == 1, first
+
+
+def step0(tmp_path, arm, seed) -> dict:
+    """The evaluations before the first RL step."""
+    with (tmp_path / "runs" / arm / f"seed{seed}" / "metrics.jsonl").open() as f:
+        return json.loads(f.readline())
+
+
+def test_spread_and_claim():
+    assert study.spread([0.1, 0.2, 0.3]) == "0.2 ± 0.1 (3 seeds: 0.1 to 0.3)"  # sample std (ddof=1)
+    with pytest.raises(ValueError, match="verdict"):
+        study.claim("c", source="s", paper="p", measured="m", verdict="yes")
+
+
+def test_gspo_vs_grpo(tmp_path):
+    s, summary = run_tiny(gspo_vs_grpo, tmp_path)
+    check_outputs(s, summary, tmp_path)
+    # The paper's baseline: GRPO clips at 0.2 / 0.27 without KL; GSPO at 3e-4 / 4e-4; 4 minibatches each.
+    (grpo,), (gspo,) = ([{**summary["config"], **summary["arms"][a]} for a in s.arms if a.startswith(n)]
+                        for n in ("grpo", "gspo"))
+    assert (grpo["algorithm.loss"], grpo["algorithm.eps_low"], grpo["algorithm.eps_high"], grpo["algorithm.beta"]) == (
+        "ppo_clip", 0.2, 0.27, 0.0)
+    assert (gspo["algorithm.loss"], gspo["algorithm.eps_low"], gspo["algorithm.eps_high"], gspo["algorithm.beta"]) == (
+        "gspo", 3e-4, 4e-4, 0.0)
+    assert grpo["train.minibatches"] == gspo["train.minibatches"] == 4
+    assert grpo["optim.learning_rate"] == gspo["optim.learning_rate"]
+    assert [c["source"] for c in summary["claims"]] == ["arXiv 2507.18071 (GSPO), Figure 1",
+                                                        "arXiv 2507.18071 (GSPO), Figure 2"]
+
+
+def test_length_bias(tmp_path):
+    s, summary = run_tiny(length_bias, tmp_path)
+    check_outputs(s, summary, tmp_path)
+    # Length is free: the exact reward reads the last number, wherever the filler puts it.
+    rng = np.random.default_rng(0)
+    targets = [length_bias.answer_in_filler({"answer": "-13"}, rng) for _ in range(200)]
+    assert all(t.strip() == "-13" and functions.exact_match("7-20=", t, {"answer": "-13"}) == 1.0 for t in targets)
+    filler = np.array([len(t) - 3 for t in targets])  # the warm start teaches many lengths, mostly short
+    assert filler.max() >= 6 and 1.2 < filler.mean() < 2.2  # two geometric runs: 2 q / (1 - q) = 1.64 on average
+    assert 0.45 < np.mean([t.startswith("-") for t in targets]) < 0.65  # no space first: 1 - q = 0.55 (greedy's pick)
+    # The per-correctness lengths the trainer logs split the mean length: acc * L_c + (1 - acc) * L_i = L.
+    for arm in s.arms:
+        for seed in map(str, SEEDS):
+            rows = [json.loads(line) for line in (tmp_path / "runs" / arm / f"seed{seed}" / "metrics.jsonl").open()]
+            for r in rows[1:]:
+                acc = r["accuracy"]
+                correct, incorrect = (r.get(f"completion/length_{k}", 0) for k in ("correct", "incorrect"))
+                parts = acc * correct + (1 - acc) * incorrect
+                assert parts == pytest.approx(r["completion/length_mean"], rel=1e-5)
+                assert 1 <= r["completion/length_mean"] <= s.arms[arm].sampling.max_new_tokens
