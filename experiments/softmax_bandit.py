@@ -1,5 +1,6 @@
 """GRPO on a softmax bandit, exactly: the solvable toy beside the language-model runs of
-group_size_dynamics.py, where the inertial model's predictions can be checked without sampling noise.
+group_size_dynamics.py, where the inertial model's predictions ("Predictable GRPO", arXiv 2606.30789, whose
+own stability and oscillation results are on such a bandit) can be checked without sampling noise.
 
 The policy is softmax(theta) over K answers, the first C correct (reward 1, else 0); one completion is
 one token, so GRPO's loss (group_std advantages with ddof=1, the ppo_clip unit loss, k3 KL to the
