@@ -2,8 +2,9 @@
 dependency of jax).
 
 - single exponential (the overdamped limit): y(t) = plateau - (plateau - start) exp(-rate t);
-- damped second order from rest (the inertial model of arXiv 2606.30789: y'' + 2 zeta omega y' + omega^2 (y - plateau) = 0,
-  y(0) = start, y'(0) = 0): y(t) = plateau + (start - plateau) (l+ e^{l- t} - l- e^{l+ t}) / (l+ - l-),
+- damped second order from rest (the inertial model of arXiv 2606.30789:
+  y'' + 2 zeta omega y' + omega^2 (y - plateau) = 0, y(0) = start, y'(0) = 0):
+  y(t) = plateau + (start - plateau) (l+ e^{l- t} - l- e^{l+ t}) / (l+ - l-),
   l+- = omega (-zeta +- sqrt(zeta^2 - 1)): a slow start, then an exponential approach (zeta >= 1) or a
   damped oscillation (zeta < 1). Its slowest decay rate, omega (zeta - sqrt(zeta^2 - 1)) or zeta omega,
   is comparable to the single exponential's rate; as zeta -> infinity at fixed rate it becomes the
