@@ -38,8 +38,8 @@ A study is one script, experiments/NAME.py: its config as code and its analysis.
   (label -> number per run, as mean, std and per seed), the arms' configs (the first in full, the
   others as the fields they change), seeds, warm starts, each run's curves of `Study.curves` (at most
   CURVE_POINTS points each), the git commit, the machine, its load average before, after each run and
-  at the end (on a shared machine wall times are inflated) and the wall time; table.md; a PNG per
-  `Plot` (thin lines: seeds; thick: their mean).
+  at the end (on a shared machine wall times are inflated) and the wall time; table.md (ended by the
+  markdown of `Study.report`, if any); a PNG per `Plot` (thin lines: seeds; thick: their mean).
 """
 
 import argparse
@@ -63,7 +63,7 @@ from grpo_jax.logging import read_rows
 from warm_start import WarmStart, warm_start
 
 HERE = pathlib.Path(__file__).parent
-VERDICTS = ("reproduced", "partial", "not_reproduced")
+VERDICTS = ("reproduced", "partial", "not_reproduced", "not_run")  # not_run: the runs it needs were not made
 CURVE_POINTS = 200
 DEFAULT_CURVES = (
     "reward/mean", "accuracy", "eval/accuracy_greedy", "eval/accuracy_sampled", "completion/length_mean",
@@ -97,6 +97,9 @@ class Study:
     plots: tuple[Plot, ...] = ()
     derive: Mapping[str, Callable[[dict], float | None]] = dataclasses.field(default_factory=dict)  # row metrics
     curves: tuple[str, ...] = DEFAULT_CURVES  # kept per run in summary.json (with every plotted key)
+    # Analysis beyond the table and plots (fits, a toy model): (results, results_dir) -> markdown that
+    # ends table.md; it may write its own figures into results_dir.
+    report: Callable[["Results", pathlib.Path], str] | None = None
     quick: bool = False
 
     def __post_init__(self):
@@ -281,20 +284,21 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
                 "compare arms by updates and tokens",
         "wall_seconds": round(wall, 1),
     }
-    summary = _finite(summary)
+    summary = finite(summary)
     (results_dir / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
-    (results_dir / "table.md").write_text(table_md(study, summary))
+    report = study.report(results, results_dir) if study.report else ""
+    (results_dir / "table.md").write_text(table_md(study, summary) + report)
     for p in study.plots:
         plot(results, p, results_dir / f"{p.file}.png")
     return summary
 
 
-def _finite(obj):
+def finite(obj):
     """`obj` with every nan or inf (a metric a run never logged) as None: JSON has no nan."""
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite(v) for v in obj]
     return None if isinstance(obj, float) and not np.isfinite(obj) else obj
 
 
@@ -303,12 +307,15 @@ def study_values(results: Results, arm: str, fn) -> dict:
     return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "per_seed": v.tolist()}
 
 
+def claims_md(claims: list[dict]) -> list[str]:
+    """The claims as markdown table rows."""
+    return ["| claim | source | paper | measured | verdict |", "|---|---|---|---|---|",
+            *(f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |" for c in claims)]
+
+
 def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
-    lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "",
-             "| claim | source | paper | measured | verdict |", "|---|---|---|---|---|"]
-    lines += [f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |"
-              for c in summary["claims"]]
+    lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "", *claims_md(summary["claims"])]
     if study.table:
         lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "",
                   "| | " + " | ".join(study.arms) + " |", "|---" * (len(study.arms) + 1) + "|"]
