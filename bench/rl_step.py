@@ -11,17 +11,15 @@ import argparse
 import datetime
 import json
 import pathlib
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-ROOT = pathlib.Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "experiments" / "configs"))
+from grpo_jax import rl_step, trainer
+from grpo_jax.train import load_config
 
-from grpo_jax import rl_step, trainer  # noqa: E402
-from quickstart import get_config  # noqa: E402
+ROOT = pathlib.Path(__file__).parents[1]
 
 
 def answer_tokens(tok, examples, width):
@@ -44,7 +42,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    cfg = get_config()
+    cfg = load_config(ROOT / "experiments" / "configs" / "quickstart.py")
     host = trainer.Trainer(cfg)
     host_compile, host_step = timed(lambda i: host.train_step()[0]["loss"], args.steps)
 

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import pathlib
 import shutil
-import sys
 import time
 
 import jax
@@ -22,12 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-HERE = pathlib.Path(__file__).parent
-sys.path.insert(0, str(HERE / "configs"))
+from grpo_jax import data, run, sampling, trainer
+from grpo_jax import train_step as ts
+from grpo_jax.train import load_config
 
-from grpo_jax import data, run, sampling, trainer  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
-from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
+HERE = pathlib.Path(__file__).parent
 
 WARM_START_ACCURACY = 0.2  # stop supervised training once greedy held-out accuracy reaches this
 SFT_BATCH, SFT_LR, SFT_EVAL_EVERY, SFT_MAX_STEPS = 64, 3e-3, 25, 2000
@@ -81,7 +79,7 @@ def main():
     args = parser.parse_args()
     results = args.results_dir
     start = time.perf_counter()
-    cfg = get_config()
+    cfg = load_config(HERE / "configs" / "quickstart.py")
     if args.seed is not None:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=args.seed))
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume

@@ -79,14 +79,15 @@ class SkipWatch:
 
 
 def _evals(row: dict | None) -> dict | None:
-    return None if row is None else {k: v for k, v in row.items() if k.startswith("eval/")}
+    return {k: v for k, v in (row or {}).items() if k.startswith("eval/")} or None
 
 
-def train(cfg: Config, params=None) -> dict:
-    """Runs (or resumes) a whole RL run; returns the first and last evaluation, the wall time and the
-    final params."""
+def train(cfg: Config, params=None, **data) -> dict:
+    """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
+    set), the wall time and the final params. `data`: examples, held_out and rewards passed in code
+    (`trainer.Trainer`)."""
     start = time.perf_counter()
-    t = trainer.Trainer(cfg, params)
+    t = trainer.Trainer(cfg, params, **data)
     cfg, tr = t.cfg, t.cfg.train
     out = pathlib.Path(tr.out_dir)
     ckpt = checkpoint.Checkpointer(out / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
@@ -131,15 +132,19 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
     skips = SkipWatch(tr.max_skipped_steps * updates_per_step)
     with Interrupts() as interrupts:
         try:
-            if t.step == 0 and not logger.history:
+            if t.step == 0 and not logger.history and t.task.held_out is not None:
                 first = t.evaluate()
                 logger.log(0, first)
             while t.step < tr.steps and interrupts.signum is None:
                 metrics, updates = t.train_step()
-                if t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0):
-                    last = t.evaluate()
+                if t.task.held_out is not None and (t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0)):
+                    last, examples = t.evaluate_examples()
                     metrics.update(last)
-                logger.log(t.step, metrics)
+                    if t.step == tr.steps:
+                        logger.write_held_out(t.step, examples)
+                if tr.log_completions_every and t.step % tr.log_completions_every == 0:
+                    logger.log_completions(t.step, t.completion_records())
+                logger.log(t.step, metrics, t.rollout_histograms())
                 stop = skips.observe(t.step, updates)
                 if stop:
                     raise RuntimeError(stop)

@@ -12,7 +12,11 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
-4. evaluate on held-out prompts (greedy and sampled accuracy).
+4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: `grpo_jax.evaluation`).
+
+The examples and rewards come from the config (a registered task, registered reward names) or are
+passed in code: `Trainer(cfg, examples=[...], held_out=[...], rewards={"name": fn})` with
+`cfg.task = data.Examples()`.
 
 The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_jax/run.py`.
 """
@@ -21,28 +25,26 @@ import dataclasses
 import math
 import pathlib
 import time
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluation, models, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, FileTaskConfig, ModelOptions, flatten
-
-# Rewards that score correctness: the first of these in the run is its "accuracy".
-CORRECTNESS_REWARDS = ("exact", "math", "countdown")
-TRAIN_SOURCE_SIZE = 1_000_000  # synthetic tasks draw example i lazily; this only bounds the index
+from grpo_jax.config import Config, ModelOptions, flatten
+from grpo_jax.rewards import scoring
 
 
 @dataclasses.dataclass
 class Task:
-    train: object  # random-access examples (dicts with "prompt", "answer", ...)
-    held_out: object
+    train: Sequence[dict]  # random-access examples (dicts with "prompt", "answer", ...)
+    held_out: list[dict] | None  # the first train.eval_prompts held-out examples; None: no evaluation
     tokenizer: object
-    reward_fns: tuple
+    rewards: tuple[rewards.Reward, ...]  # in the order of cfg.reward.names
 
 
 def load_tokenizer(cfg: Config):
@@ -54,18 +56,26 @@ def load_tokenizer(cfg: Config):
     return tokenizer.load(name)
 
 
-def build_task(cfg: Config) -> Task:
-    t = cfg.task
-    if isinstance(t, data.ArithmeticConfig):
-        train = data.Arithmetic(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
-        held_out = data.Arithmetic(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
-    elif isinstance(t, data.CountdownConfig):
-        train = data.Countdown(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
-        held_out = data.Countdown(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
-    else:
-        train = data.load_examples(t.path, t.format)
-        held_out = data.load_examples(t.eval_path, t.format)[: cfg.train.eval_prompts]
-    return Task(train, held_out, load_tokenizer(cfg), cfg.reward.functions(cfg.sampling.max_new_tokens))
+def build_task(
+    cfg: Config,
+    examples: Sequence[dict] | None = None,
+    held_out: Sequence[dict] | None = None,
+    reward_fns: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
+) -> Task:
+    """The run's examples (from `cfg.task`, or passed in code with task=data.Examples()), tokenizer and
+    rewards (`cfg.reward.names`: registered, or among `reward_fns`)."""
+    if examples is None and held_out is not None:
+        raise ValueError("held_out was passed without examples: pass the training examples too (examples=...)")
+    if examples is not None and not isinstance(cfg.task, data.Examples):
+        raise ValueError(f"examples passed in code need Config.task=data.Examples(label); Config.task names the task "
+                         f"{data.task_name(cfg.task)!r}, which brings its own")
+    train, held = (examples, held_out) if examples is not None else cfg.task.sources(cfg.train.seed)
+    if held is not None:
+        held = [held[i] for i in range(min(len(held), cfg.train.eval_prompts))]
+    run_rewards = cfg.reward.rewards(cfg.sampling.max_new_tokens, reward_fns)
+    if cfg.reward.num_workers:
+        scoring.check_sendable({n: r.fn for n, r in zip(cfg.reward.names, run_rewards)})
+    return Task(train, held or None, load_tokenizer(cfg), run_rewards)
 
 
 def check(cfg: Config) -> None:
@@ -88,15 +98,14 @@ def check(cfg: Config) -> None:
 
 
 def check_prompts(cfg: Config, task: Task) -> None:
-    """Every prompt of a training file and of the held-out set fits `sampling.max_prompt_len` (checked
-    up front: otherwise a bad record fails only when drawn, mid-run). Synthetic training tasks are
-    endless; their prompts are checked as each batch is drawn."""
+    """Every prompt of the training examples and of the held-out set fits `sampling.max_prompt_len`
+    (checked up front: otherwise a bad record fails only when drawn, mid-run). Generated (synthetic)
+    training tasks are endless; their prompts are checked as each batch is drawn."""
     tok, width = task.tokenizer, cfg.sampling.max_prompt_len
     chat = getattr(tok, "apply_chat_template", None)
-    file_task = isinstance(cfg.task, FileTaskConfig)
-    sets = [(task.held_out, cfg.task.eval_path if file_task else "the held-out set")]
-    if file_task:
-        sets.append((task.train, cfg.task.path))
+    sets = [] if task.held_out is None else [(task.held_out, cfg.task.describe("held_out"))]
+    if not cfg.task.generated:
+        sets.append((task.train, cfg.task.describe("train")))
     for examples, source in sets:
         for i in range(len(examples)):
             where = f"{source}: example {i} (prompt {examples[i]['prompt'][:40]!r})"
@@ -110,12 +119,21 @@ def check_prompts(cfg: Config, task: Task) -> None:
 
 
 class Trainer:
-    """Holds the mesh, the compiled pieces and the train state of one run."""
+    """Holds the mesh, the compiled pieces and the train state of one run. `examples`, `held_out` and
+    `rewards` pass the data and reward functions in code (see `build_task`)."""
 
-    def __init__(self, cfg: Config, params=None):
+    def __init__(
+        self,
+        cfg: Config,
+        params=None,
+        *,
+        examples: Sequence[dict] | None = None,
+        held_out: Sequence[dict] | None = None,
+        rewards: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
+    ):
         check(cfg)
         self.mesh = sharding.make_mesh(cfg.mesh)
-        self.task = build_task(cfg)
+        self.task = build_task(cfg, examples, held_out, rewards)
         check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
         if cfg.model_path:
@@ -133,7 +151,8 @@ class Trainer:
                 f"{cfg.model.vocab_size}: Config.tokenizer does not belong to this model"
             )
         shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
-        for name, n in (("a minibatch", self.rows // tr.minibatches), ("train.eval_prompts", tr.eval_prompts)):
+        evals = (("train.eval_prompts", tr.eval_prompts),) if self.task.held_out is not None else ()
+        for name, n in (("a minibatch", self.rows // tr.minibatches), *evals):
             if n % shards:
                 raise ValueError(
                     f"{name} of {n} rows does not split over the {shards} devices of the batch mesh axes "
@@ -171,7 +190,7 @@ class Trainer:
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
         scores, failed, metrics = rewards.score(
-            self.task.reward_fns,
+            [r.fn for r in self.task.rewards],
             self.cfg.reward.weights,
             np.repeat(texts, g).tolist(),
             completions,
@@ -180,9 +199,9 @@ class Trainer:
             timeout_s=self.cfg.reward.timeout_s,
             num_workers=self.cfg.reward.num_workers,
         )
-        correct = [i for i, n in enumerate(self.cfg.reward.names) if n in CORRECTNESS_REWARDS]
+        correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
-            prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            prompts=prompts, texts=texts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
@@ -218,7 +237,9 @@ class Trainer:
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
-        return self._batch(kept, weights), self._rollout_metrics(drawn, kept, rounds, sample_time)
+        host = self._batch(kept, weights)
+        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=host[-1])  # for the logs
+        return host, self._rollout_metrics(drawn, kept, rounds, sample_time)
 
     def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """Packs the kept groups, padded to the full batch with masked rows, as host arrays
@@ -292,6 +313,26 @@ class Trainer:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
         return m
 
+    def rollout_histograms(self) -> dict[str, np.ndarray]:
+        """The last rollout batch's weighted total rewards and completion lengths, every drawn row."""
+        drawn, w = self.last_rollout["drawn"], np.asarray(self.cfg.reward.weights, np.float32)
+        return {"reward/total": np.concatenate([s["rewards"] @ w for s in drawn]),
+                "completion/length": np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])}
+
+    def completion_records(self) -> list[dict]:
+        """The last rollout batch's trained completions (the kept groups), one JSON-ready dict each."""
+        g, names = self.cfg.sampling.group_size, self.cfg.reward.names
+        out = []
+        for j, (s, i, _) in enumerate(self.last_rollout["kept"]):
+            for row in range(i * g, (i + 1) * g):
+                out.append({
+                    "prompt": s["texts"][i], "completion": s["completions"][row],
+                    "rewards": dict(zip(names, s["rewards"][row].tolist())),
+                    "advantage": float(self.last_rollout["advantages"][j * g + row - i * g]),
+                    "length": int(s["rollout"].lengths[row]), "truncated": bool(s["rollout"].truncated[row]),
+                })
+        return out
+
     # -- one RL step -------------------------------------------------------------------------------
 
     def train_step(self) -> tuple[dict, list[dict]]:
@@ -325,17 +366,30 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> dict:
-        """Held-out accuracy, greedy and sampled (one sample per prompt)."""
-        examples = [self.task.held_out[i] for i in range(len(self.task.held_out))]
+        """Held-out metrics (`grpo_jax.evaluation`): greedy, and `train.eval_samples` samples per prompt."""
+        return self.evaluate_examples()[0]
+
+    def evaluate_examples(self) -> tuple[dict, list[dict]]:
+        """(held-out metrics, one JSON-ready dict of results per held-out example)."""
+        examples, n = self.task.held_out, self.cfg.train.eval_samples
+        rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
         out = {}
-        for mode, greedy in (("greedy", True), ("sampled", False)):
-            scfg = dataclasses.replace(self.cfg.sampling, group_size=1, greedy=greedy)
+        for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
+            scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
             s = self.sample(examples, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
-            if s["correct"] is not None:
-                out[f"eval/accuracy_{mode}"] = float(s["correct"].mean())
-            out[f"eval/reward_{mode}"] = float((s["rewards"] @ np.asarray(self.cfg.reward.weights)).mean())
-            out[f"eval/length_{mode}"] = float(np.asarray(s["rollout"].lengths).mean())
-        return out
+            total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), np.asarray(s["rollout"].lengths)
+            out.update(evaluation.summarize(mode, g, total, lengths, s["correct"]))
+            for i, row in enumerate(rows):
+                group = slice(i * g, (i + 1) * g)
+                if greedy:
+                    row["greedy"] = {"completion": s["completions"][i],
+                                     "rewards": dict(zip(self.cfg.reward.names, s["rewards"][i].tolist()))}
+                else:
+                    row["sampled"] = {"samples": g, "reward_mean": float(total[group].mean()),
+                                      "length_mean": float(lengths[group].mean())}
+                if s["correct"] is not None:
+                    row["greedy" if greedy else "sampled"]["correct"] = int(s["correct"][group].sum())
+        return out, rows
 
     # -- checkpoints -------------------------------------------------------------------------------
 
