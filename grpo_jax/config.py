@@ -17,6 +17,7 @@ from grpo_jax.algorithms.config import AlgorithmConfig  # noqa: F401  (re-export
 from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
+from grpo_jax.lora import LoraConfig
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.rewards.functions import RewardConfig
 
@@ -159,6 +160,7 @@ class Config:
     model: ModelConfig | None = None
     model_path: str = ""
     model_options: ModelOptions = ModelOptions()  # with model_path; from scratch, set them on `model`
+    lora: LoraConfig = LoraConfig()  # rank 0: train every weight; > 0: only low-rank adapters (grpo_jax/lora.py)
     tokenizer: str = ""  # "char" (grpo_jax.data.CharTokenizer), or an HF dir / sentencepiece file; "": model_path
     mesh: MeshConfig = MeshConfig()
     sampling: SamplingConfig = SamplingConfig()
@@ -258,7 +260,11 @@ WHOLE = ""  # the key of a subtree's whole-value assignment (`task=countdown` be
 def _apply(obj, tree: dict, prefix: str):
     """`obj` with the assignments of `tree` ({field: subtree | (key, text)}) applied, validated once."""
     if WHOLE in tree:  # (key, text, the field's type)
-        obj = _parse_field(*tree.pop(WHOLE))
+        key, text, hint = tree.pop(WHOLE)
+        obj = _parse_field(key, text, hint)
+        if not dataclasses.is_dataclass(obj):
+            raise ValueError(f"--set {key}={text} leaves no fields to set, but {', '.join(prefix + k for k in tree)} "
+                             "are set too; drop them")
     if not dataclasses.is_dataclass(obj):
         raise ValueError(f"--set {prefix}...: {type(obj).__name__} has no fields to set")
     if "preset" in tree and hasattr(obj, "from_preset"):

@@ -104,10 +104,12 @@ def train(cfg: Config, params=None, **data) -> dict:
             first, last = _evals(rows.get(0)), _evals(rows.get(t.step))
     finally:
         ckpt.close()
-    if tr.export_hf and jax.process_index() == 0:
-        checkpoint.export_hf(cfg.model, t.state.params, out / "hf", tokenizer_dir=t.source_path)
+    if tr.export_hf:
+        policy = t.export_params()  # on every process: under LoRA a computation over the global arrays
+        if jax.process_index() == 0:
+            checkpoint.export_hf(cfg.model, policy, out / "hf", tokenizer_dir=t.source_path)
     return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
-            "params": t.state.params}
+            "params": t.state.params}  # the trained params (under LoRA: the adapters)
 
 
 def check_resume(saved: dict, cfg: Config, directory: pathlib.Path) -> None:

@@ -24,7 +24,7 @@ import optax
 from jaxtyping import Array, Float, Int, PyTree
 
 import kernels
-from grpo_jax import algorithms, models, sharding
+from grpo_jax import algorithms, lora, models, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.config import Config, OptimConfig
 from grpo_jax.metrics import Metric
@@ -141,7 +141,7 @@ def completion_logprobs(
 def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
     # Entropy is reported every step, not only when it is a loss term.
-    logp, entropy = logprobs(params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
+    logp, entropy = logprobs(lora.policy_params(cfg.lora, params, ref_params), batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
     ref_logp = None
     if alg.beta > 0:
         ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
@@ -200,7 +200,10 @@ def train_step(
     batch: Batch,
 ) -> tuple[TrainState, dict[str, Metric]]:
     """One optimizer update on `batch` (pure; `jit_train_step` compiles it). Returns the new state and
-    the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates)."""
+    the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates).
+
+    `ref_params` are the frozen params: the reference when beta > 0 (None otherwise); with LoRA, the
+    base the trained adapters (`state.params`) attach to, which is the reference too."""
     k = cfg.train.micro_batches
     if batch.advantages.shape[0] % k:
         raise ValueError(
@@ -211,7 +214,8 @@ def train_step(
     micro = _micro_batches(batch, k)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
-        stats = _micro_batches(_step_stats(cfg, state.params, batch, micro, state.step), k)
+        policy = lora.policy_params(cfg.lora, state.params, ref_params)
+        stats = _micro_batches(_step_stats(cfg, policy, batch, micro, state.step), k)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
     def accumulate(grads, xs):
@@ -271,7 +275,8 @@ def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, s
 
 @functools.lru_cache(maxsize=None)
 def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh):
-    """(optimizer, state sharding, reference-params sharding or None, jitted step) for a run.
+    """(optimizer, state sharding, frozen-params sharding or None, jitted step) for a run. With LoRA the
+    state holds the adapters and the frozen params are the base.
 
     Cached on (config, schedule length, mesh), so runs that share them (a resume in the same
     process, a sweep over seeds) share one compilation.
@@ -279,7 +284,13 @@ def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh
     check(cfg)
     optimizer = make_optimizer(cfg.optim, total_updates)
     params = jax.eval_shape(lambda key: models.init(cfg.model, key), jax.random.key(0))
-    state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
-    state_sharding = sharding.param_shardings(state, cfg.model, mesh)
-    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if cfg.algorithm.beta > 0 else None
+    if cfg.lora.rank:
+        trainable = jax.eval_shape(lambda key: lora.init(cfg.model, cfg.lora, key), jax.random.key(0))
+        state = jax.eval_shape(lambda p: init_state(p, optimizer), trainable)
+        state_sharding = sharding.tree_shardings(state, lora.specs(cfg.model, cfg.lora), mesh)
+    else:
+        state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
+        state_sharding = sharding.param_shardings(state, cfg.model, mesh)
+    frozen = cfg.algorithm.beta > 0 or cfg.lora.rank
+    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if frozen else None
     return optimizer, state_sharding, ref_sharding, jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)

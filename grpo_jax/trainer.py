@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, evaluation, models, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, flatten
@@ -163,13 +163,28 @@ class Trainer:
         self.optimizer, self.state_sharding, ref_sharding, self.update = ts.compiled_train_step(
             cfg, self.total_updates, self.mesh
         )
-        self.state = jax.device_put(ts.init_state(params, self.optimizer), self.state_sharding)
-        # beta = 0: no reference params exist at all. A copy, because the train state is donated.
-        self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
+        if cfg.lora.rank:  # train adapters only; the base stays frozen (and is the reference if beta > 0)
+            trainable = lora.init(cfg.model, cfg.lora, jax.random.fold_in(jax.random.key(tr.seed), 1))
+            self.ref_params = jax.device_put(params, ref_sharding)
+        else:
+            trainable = params
+        self.state = jax.device_put(ts.init_state(trainable, self.optimizer), self.state_sharding)
+        if not cfg.lora.rank:  # beta = 0: no reference params exist at all. A copy, as the train state is donated.
+            self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
         self.rng = jax.random.key(cfg.train.seed)
         self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
         self.position = 0  # prompt batches consumed
         self.step = 0
+
+    @property
+    def policy_params(self):
+        """The params the policy samples and is scored with: the trained params, or under LoRA the frozen
+        base with the trained adapters attached."""
+        return lora.policy_params(self.cfg.lora, self.state.params, self.ref_params)
+
+    def export_params(self):
+        """The policy as plain params (under LoRA, the adapters merged into the base), for HF export."""
+        return lora.merge(self.ref_params, self.state.params, self.cfg.lora) if self.cfg.lora.rank else self.state.params
 
     # -- rollouts --------------------------------------------------------------------------------
 
@@ -184,7 +199,7 @@ class Trainer:
         texts, prompts = self._prompts(examples)
         prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
         rollout = jax.device_get(
-            sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
+            sampling.generate(self.cfg.model, self.policy_params, prompts, rng, sampling_cfg, self.mesh)
         )
         g = sampling_cfg.group_size
         lengths = np.asarray(rollout.lengths)
@@ -286,7 +301,7 @@ class Trainer:
             )
             with sharding.activation_rules(self.mesh):
                 old_logp, _ = ts.completion_logprobs(
-                    cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, False
+                    cfg.model, cfg.sampling.temperature, self.policy_params, tok, pos, seg, mask, False
                 )
             out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv))
         return out
@@ -396,7 +411,7 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
-        if self.ref_params is not None:
+        if self.ref_params is not None and not self.cfg.lora.rank:  # a LoRA base is not saved: it is model_path
             state["ref"] = self.ref_params
         return state
 
@@ -409,5 +424,5 @@ class Trainer:
     def restore(self, ckpt: checkpoint.Checkpointer, step: int) -> None:
         state, meta = ckpt.restore(self.checkpoint_state(), step)
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
-        self.ref_params = state.get("ref")
+        self.ref_params = state.get("ref", self.ref_params)
         self.step, self.position = meta["step"], meta["data_position"]

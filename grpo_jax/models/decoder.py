@@ -174,6 +174,12 @@ ATTENTION: dict[str, Callable] = {
 
 
 # ----------------------------------------------------------------------------- building blocks
+def _project(equation: str, x, w):
+    """`jnp.einsum(equation, x, w)` for a weight that is an array, or one that computes its own product
+    (a `grpo_jax.lora.LoraWeight`: the frozen weight plus a low-rank adapter)."""
+    return w.project(equation, x) if hasattr(w, "project") else jnp.einsum(equation, x, w)
+
+
 def _rms_norm(x, w, eps):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
@@ -209,9 +215,9 @@ def _rope(x, positions, inv_freq):
 def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
     """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
     are written in place at [layer, :, :, index:index+T] and all slots of this layer are attended."""
-    q = _constrain(jnp.einsum("btd,dnh->btnh", x, p["q"]), ("batch", "seq", "heads", None))
-    k = _constrain(jnp.einsum("btd,dkh->btkh", x, p["k"]), ("batch", "seq", "kv_heads", None))
-    v = _constrain(jnp.einsum("btd,dkh->btkh", x, p["v"]), ("batch", "seq", "kv_heads", None))
+    q = _constrain(_project("btd,dnh->btnh", x, p["q"]), ("batch", "seq", "heads", None))
+    k = _constrain(_project("btd,dkh->btkh", x, p["k"]), ("batch", "seq", "kv_heads", None))
+    v = _constrain(_project("btd,dkh->btkh", x, p["v"]), ("batch", "seq", "kv_heads", None))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if cfg.qk_norm:
@@ -233,12 +239,13 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
-    return jnp.einsum("btnh,nhd->btd", out, p["o"]), kv
+    return _project("btnh,nhd->btd", out, p["o"]), kv
 
 
 def _mlp(p, x):
-    h = _constrain(jax.nn.silu(x @ p["gate"]) * (x @ p["up"]), ("batch", "seq", "mlp"))
-    return jnp.einsum("btf,fd->btd", h, p["down"])
+    gate, up = _project("btd,df->btf", x, p["gate"]), _project("btd,df->btf", x, p["up"])
+    h = _constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
+    return _project("btf,fd->btd", h, p["down"])
 
 
 def _moe(cfg, p, x):
