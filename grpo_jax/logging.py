@@ -19,6 +19,7 @@ import pathlib
 import shutil
 import struct
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -121,7 +122,7 @@ class MetricsLogger:
         self.files[name].write("".join(json.dumps(r) + "\n" for r in rows))
         self.files[name].flush()
 
-    def log(self, step: int, metrics: dict[str, float], histograms: dict[str, np.ndarray] | None = None) -> None:
+    def log(self, step: int, metrics: dict[str, float], histograms: dict[str, Sequence[float] | np.ndarray] | None = None) -> None:
         """The step's row of scalars, and TensorBoard histograms of the `histograms` values."""
         if not self.enabled:
             return

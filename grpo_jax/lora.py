@@ -19,6 +19,7 @@ functions over a params dict (see the README); the adapted product here is a doz
 
 import dataclasses
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,7 @@ class LoraConfig:
         return self.alpha / max(self.rank, 1)
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LoraWeight:

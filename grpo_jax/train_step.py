@@ -17,22 +17,25 @@ are `grpo_jax.metrics.Metric`s: counters are sums, so merging a step's updates a
 
 import dataclasses
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 import kernels
 from grpo_jax import algorithms, lora, models, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.config import Config, OptimConfig
 from grpo_jax.metrics import Metric
+from grpo_jax.typecheck import checked
 
 # Per-update flags, summed over a step's updates: why an update was not applied.
 SKIP_CAUSES = ("nonfinite_loss", "nonfinite_grad", "nonfinite_params")
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Batch:
@@ -47,6 +50,7 @@ class Batch:
     advantages: Float[Array, "batch"]
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
@@ -91,10 +95,11 @@ def check(cfg: Config) -> None:
         )
 
 
+@checked  # a public entry point: misshapen inputs are named, with their axes
 def sequences(
-    prompt_tokens: Int[Array, "batch prompt_len"],
-    prompt_lengths: Int[Array, "batch"],
-    completions: Int[Array, "batch new"],
+    prompt_tokens: Int[ArrayLike, "batch prompt_len"],
+    prompt_lengths: Int[ArrayLike, "batch"],
+    completions: Int[ArrayLike, "batch new"],
 ) -> tuple[Int[Array, "batch seq"], Int[Array, "batch seq"], Int[Array, "batch seq"]]:
     """(tokens, positions, segment_ids) of left-padded prompts followed by their completions."""
     tokens = jnp.concatenate([prompt_tokens, completions], axis=1)
@@ -104,6 +109,7 @@ def sequences(
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 7))
+@checked  # checked when traced
 def completion_logprobs(
     model_cfg: models.ModelConfig,
     temperature: float,

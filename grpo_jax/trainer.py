@@ -25,7 +25,7 @@ import dataclasses
 import math
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,7 @@ from grpo_jax.rewards import scoring
 
 @dataclasses.dataclass
 class Task:
-    train: Sequence[dict]  # random-access examples (dicts with "prompt", "answer", ...)
+    train: data.Source  # random-access examples (dicts with "prompt", "answer", ...)
     held_out: list[dict] | None  # the first train.eval_prompts held-out examples; None: no evaluation
     tokenizer: object
     rewards: tuple[rewards.Reward, ...]  # in the order of cfg.reward.names
@@ -58,8 +58,8 @@ def load_tokenizer(cfg: Config):
 
 def build_task(
     cfg: Config,
-    examples: Sequence[dict] | None = None,
-    held_out: Sequence[dict] | None = None,
+    examples: data.Source | None = None,
+    held_out: data.Source | None = None,
     reward_fns: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
 ) -> Task:
     """The run's examples (from `cfg.task`, or passed in code with task=data.Examples()), tokenizer and
@@ -127,8 +127,8 @@ class Trainer:
         cfg: Config,
         params=None,
         *,
-        examples: Sequence[dict] | None = None,
-        held_out: Sequence[dict] | None = None,
+        examples: data.Source | None = None,
+        held_out: data.Source | None = None,
         rewards: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
     ):
         check(cfg)

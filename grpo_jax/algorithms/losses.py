@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 import kernels
 from grpo_jax.algorithms import reference
@@ -37,11 +37,11 @@ KERNELS = (None, "ratio_clip")
 class LossInputs:
     """One micro-batch as a loss sees it (float32; masked entries of logp/old_logp are 0)."""
 
-    logp: Float[Array, "batch seq"]  # carries the gradient
-    old_logp: Float[Array, "batch seq"]
-    advantages: Float[Array, "batch seq"] | Float[Array, " batch"]  # per token (0 where masked) or per sequence
-    mask: Float[Array, "batch seq"]
-    select: Float[Array, "batch seq"]  # the loss's step-level selection (0 unless it declares `select`)
+    logp: Float[ArrayLike, "batch seq"]  # carries the gradient
+    old_logp: Float[ArrayLike, "batch seq"]
+    advantages: Float[ArrayLike, "batch seq"] | Float[ArrayLike, " batch"]  # per token (0 where masked) or per sequence
+    mask: Float[ArrayLike, "batch seq"]
+    select: Float[ArrayLike, "batch seq"]  # the loss's step-level selection (0 unless it declares `select`)
 
     def seq_mean(self, x):
         """(1/L_i) sum_t m x per completion."""

@@ -8,12 +8,11 @@ The tasks "file" (`FileTaskConfig`) and "tfds" (`TfdsTaskConfig`) read them from
 import dataclasses
 import json
 import pathlib
-from collections.abc import Sequence
 
 import grain
 import jax
 
-from grpo_jax.data.tasks import Sources, TaskConfig, register
+from grpo_jax.data.tasks import Source, Sources, TaskConfig, register
 from grpo_jax.rewards.answers import last_boxed
 
 
@@ -140,7 +139,7 @@ class TfdsTaskConfig(TaskConfig):
 
 
 def batches(
-    source: Sequence[dict],
+    source: Source,
     *,
     batch_size: int,
     seed: int,

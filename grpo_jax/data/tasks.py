@@ -2,7 +2,7 @@
 
 A task kind is a frozen dataclass config registered under a name (`@register("name")`), whose
 `sources(seed)` gives (training examples, held-out examples or None: no evaluation). Examples are
-dicts with at least "prompt" (and "answer" for the answer-checking rewards); a source is anything
+dicts with at least "prompt" (and "answer" for the answer-checking rewards); a `Source` is anything
 with len and getitem (what grain reads). `Config.task` holds one such config; in a config file write
 `task=CountdownConfig(...)`, on the command line `--set task=countdown --set task.max_number=50`.
 
@@ -13,7 +13,7 @@ training under any seed or size.
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+import typing
 
 import numpy as np
 
@@ -22,7 +22,18 @@ from grpo_jax.rewards.answers import evaluate
 
 SPLITS = ("train", "held_out")
 SYNTHETIC_SIZE = 1_000_000  # synthetic tasks draw example i lazily; this only bounds the index
-Sources = tuple[Sequence[dict], Sequence[dict] | None]
+
+
+@typing.runtime_checkable
+class Source(typing.Protocol):
+    """Random-access examples, what grain reads: a list, a generated task, a TFDS data source."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict: ...
+
+
+Sources = tuple[Source, Source | None]  # (training examples, held-out examples or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +62,7 @@ TASKS: Registry[type[TaskConfig]] = Registry("task")
 
 def register(name: str):
     """Class decorator: a TaskConfig subclass becomes task `name` (for configs and `--set task=name`)."""
-    def add(cls: type[TaskConfig]) -> type[TaskConfig]:
+    def add(cls: type) -> type:
         if not (dataclasses.is_dataclass(cls) and issubclass(cls, TaskConfig)):
             raise TypeError(f"data.register({name!r}): {cls.__name__} must be a frozen dataclass subclassing data.TaskConfig")
         return TASKS.add(name, cls)

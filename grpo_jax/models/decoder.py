@@ -15,9 +15,10 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.typecheck import checked
 
 Params = dict[str, Any]
 Cache = dict[str, Any]  # see init_cache
@@ -354,12 +355,13 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
     return hidden, cache, aux
 
 
+@checked  # a public entry point: misshapen inputs are named, with their axes
 def extend(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch time"],
-    positions: Int[Array, "batch time"],
-    segment_ids: Int[Array, "batch time"],
+    tokens: Int[ArrayLike, "batch time"],
+    positions: Int[ArrayLike, "batch time"],
+    segment_ids: Int[ArrayLike, "batch time"],
     cache: Cache,
     index: Int[Array, ""] | int,
 ) -> tuple[Float[Array, "batch time embed"], Cache, dict[str, Array]]:
@@ -371,12 +373,13 @@ def extend(
     return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
 
 
+@checked
 def forward_with_aux(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], dict[str, Array]]:
     """`forward` that also returns aux (MoE router logits, for an auxiliary loss and routing metrics)."""
     if segment_ids is None:
@@ -387,12 +390,13 @@ def forward_with_aux(
     return hidden, aux
 
 
+@checked
 def forward(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq embed"]:
     """Final normed hidden states. Defaults: one segment per row; positions restart at each segment."""
     return forward_with_aux(cfg, params, tokens, positions, segment_ids)[0]
@@ -403,12 +407,13 @@ def unembedding(cfg: ModelConfig, params: Params) -> Float[Array, "embed vocab"]
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
+@checked
 def logits(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq vocab"]:
     """Full float32 logits. For evaluation and tests; training uses hidden states + `unembedding`."""
     hidden = forward(cfg, params, tokens, positions, segment_ids)
