@@ -86,13 +86,13 @@ class MetricsLogger:
         self.enabled = jax.process_index() == 0
         self.out_dir = pathlib.Path(out_dir)
         keep = -1 if resume_step is None else resume_step
-        kept = {name: [r for r in read_rows(self.out_dir / name) if r["step"] <= keep] for name in JSONL}
-        self.history = kept["metrics.jsonl"]
+        self.history = [r for r in read_rows(self.out_dir / "metrics.jsonl") if r["step"] <= keep]
         if not self.enabled:
             return
         import tqdm
         from tensorboardX.event_file_writer import EventsWriter
 
+        kept = {name: [r for r in read_rows(self.out_dir / name) if r["step"] <= keep] for name in JSONL}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.files = {}
         for name, rows in kept.items():

@@ -99,24 +99,30 @@ def lora_config(out, **train):
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lora") / "run"
+    """A 2-step run, moved to `done/` once finished: later ones reuse the name `run` (same config and
+    compilations)."""
+    tmp = tmp_path_factory.mktemp("lora")
     base = models.init(MODEL, jax.random.key(0))
     before = jax.tree.map(np.array, base)
-    result = run.train(lora_config(out), base)
-    return out, base, before, result
+    result = run.train(lora_config(tmp / "run"), base)
+    (tmp / "run").rename(tmp / "done")
+    return tmp, base, before, result
 
 
 def test_training_moves_only_the_adapters_and_the_base_is_the_reference(lora_run):
-    out, base, before, result = lora_run
+    tmp, base, before, result = lora_run
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(base)):
         np.testing.assert_array_equal(a, np.asarray(b))  # bit-identical after 2 steps of 2 updates
     adapters = result["params"]
     assert jax.tree.structure(adapters) == jax.tree.structure(lora.init(MODEL, LORA, jax.random.key(0)))
     assert all(np.abs(np.asarray(x)).max() > 0 for x in jax.tree.leaves(adapters["layers"]["q"]["b"]))  # B moved
 
-    t = trainer.Trainer(lora_config(out))  # resumes from step 2: the run is complete
-    t.restore(checkpoint.Checkpointer(out / "checkpoints", 1, 2), 2)
+    t = trainer.Trainer(lora_config(tmp / "run"))
+    t.restore(checkpoint.Checkpointer(tmp / "done" / "checkpoints", 1, 2), 2)
     assert t.ref_params is not None and t.cfg.algorithm.beta > 0
+    # one copy of the base: the policy (and sampler) read the very arrays the reference (beta > 0) reads
+    assert t.policy_params["layers"]["q"].base is t.ref_params["layers"]["q"]
+    assert t.policy_params["embed"] is t.ref_params["embed"]
     adapter_shapes = {a.shape for a in jax.tree.leaves(t.state.params)}
     moments = [x for x in jax.tree.leaves(t.state.opt_state) if x.ndim]
     assert moments and {x.shape for x in moments} <= adapter_shapes  # optimizer state: adapters only
@@ -129,18 +135,19 @@ def test_training_moves_only_the_adapters_and_the_base_is_the_reference(lora_run
 
 
 def test_the_exported_policy_is_the_adapted_model(lora_run):
-    out, base, _, result = lora_run
+    tmp, base, _, result = lora_run
     tokens = jax.random.randint(jax.random.key(5), (2, 6), 0, MODEL.vocab_size)
-    cfg, exported = models.load_hf(out / "hf")
+    cfg, exported = models.load_hf(tmp / "done" / "hf")
     adapted = models.logits(MODEL, lora.attach(base, result["params"], LORA), tokens)
     np.testing.assert_allclose(models.logits(cfg, exported, tokens), adapted, rtol=1e-5, atol=1e-5)
 
 
-def test_a_lora_run_resumes_exactly(lora_run, tmp_path):
+def test_a_lora_run_resumes_exactly(lora_run):
     """Killed after step 2's logs, before its checkpoint: the resumed run redoes step 2 bit for bit."""
-    out, base, _, result = lora_run
-    again = tmp_path / "run"
-    shutil.copytree(out, again)
+    tmp, base, _, result = lora_run
+    again = tmp / "run"
+    shutil.rmtree(again, ignore_errors=True)
+    shutil.copytree(tmp / "done", again)
     shutil.rmtree(again / "checkpoints" / "2")
     resumed = run.train(lora_config(again), base)
     for a, b in zip(jax.tree.leaves(result["params"]), jax.tree.leaves(resumed["params"])):

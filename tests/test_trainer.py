@@ -249,15 +249,18 @@ def jsonl(path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def own_data_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("own") / "run"
+    """A 2-step run, moved to `done/` once finished: later runs reuse the directory name `run`, so their
+    configs (and compilations) are the same."""
+    tmp = tmp_path_factory.mktemp("own")
     mine = dict(examples=SUMS, held_out=SUMS[:4], rewards={"sum": Reward(exact_sum, correctness=True)})
-    result = run.train(own_data_config(out), **mine)
-    return out, result, mine
+    result = run.train(own_data_config(tmp / "run"), **mine)
+    (tmp / "run").rename(tmp / "done")
+    return tmp, result, mine
 
 
 def test_own_examples_and_reward_in_code_train_and_log_their_completions(own_data_run):
-    out, result, _ = own_data_run
-    cfg, g = own_data_config(out), 4
+    tmp, result, _ = own_data_run
+    out, cfg, g = tmp / "done", own_data_config(tmp / "run"), 4
     records = jsonl(out / "completions.jsonl")
     assert sorted({r["step"] for r in records}) == [1, 2] and len(records) == 2 * 2 * g  # every kept row, 2 steps
     by_prompt = {ex["prompt"]: ex for ex in SUMS}
@@ -278,8 +281,8 @@ def test_own_examples_and_reward_in_code_train_and_log_their_completions(own_dat
 
 
 def test_held_out_results_per_example_agree_with_the_pass_at_k_metrics(own_data_run):
-    out, result, _ = own_data_run
-    rows = jsonl(out / "held_out.jsonl")
+    tmp, result, _ = own_data_run
+    rows = jsonl(tmp / "done" / "held_out.jsonl")
     assert [r["index"] for r in rows] == [0, 1, 2, 3] and {r["step"] for r in rows} == {2}
     assert [r["prompt"] for r in rows] == [ex["prompt"] for ex in SUMS[:4]]
     correct = np.array([r["sampled"]["correct"] for r in rows])
@@ -293,7 +296,8 @@ def test_held_out_results_per_example_agree_with_the_pass_at_k_metrics(own_data_
 
 
 def test_histograms_of_rewards_and_lengths_reach_tensorboard(own_data_run):
-    out, _, _ = own_data_run
+    tmp, _, _ = own_data_run
+    out = tmp / "done"
     histograms = {(v.tag, e.step): v.histo for e in read_events(out / "tensorboard") for v in e.summary.value
                   if v.HasField("histo")}
     assert sorted(histograms) == [(tag, step) for tag in ("completion/length", "reward/total") for step in (1, 2)]
@@ -305,26 +309,28 @@ def test_histograms_of_rewards_and_lengths_reach_tensorboard(own_data_run):
         assert totals.sum == pytest.approx(sum(r["rewards"]["sum"] + 0.5 * r["rewards"]["length"] for r in logged))
 
 
-def test_completion_logs_are_resume_safe(own_data_run, tmp_path):
+def test_completion_logs_are_resume_safe(own_data_run):
     """Killed after logging step 2 but before its checkpoint: the resumed run logs step 2 again, once."""
-    out, _, mine = own_data_run
-    again = tmp_path / "run"
+    tmp, _, mine = own_data_run
+    out, again = tmp / "done", tmp / "run"
+    shutil.rmtree(again, ignore_errors=True)
     shutil.copytree(out, again)
     shutil.rmtree(again / "checkpoints" / "2")
-    for name in ("held_out.jsonl",):
-        (again / name).unlink()
+    (again / "held_out.jsonl").unlink()  # written again at the end
     run.train(own_data_config(again), **mine)
     for name in ("completions.jsonl", "histograms.jsonl"):
         assert jsonl(again / name) == jsonl(out / name), name
     assert jsonl(again / "held_out.jsonl") == jsonl(out / "held_out.jsonl")
 
 
-def test_a_run_without_a_held_out_set_does_not_evaluate(own_data_run, tmp_path):
-    _, _, mine = own_data_run
-    result = run.train(own_data_config(tmp_path), examples=SUMS, rewards=mine["rewards"])
+def test_a_run_without_a_held_out_set_does_not_evaluate(own_data_run):
+    tmp, _, mine = own_data_run
+    out = tmp / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    result = run.train(own_data_config(out), examples=SUMS, rewards=mine["rewards"])
     assert result["first_eval"] is None and result["last_eval"] is None
-    assert not any(k.startswith("eval/") for r in jsonl(tmp_path / "metrics.jsonl") for k in r)
-    assert not (tmp_path / "held_out.jsonl").exists() and [r["step"] for r in jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert not any(k.startswith("eval/") for r in jsonl(out / "metrics.jsonl") for k in r)
+    assert not (out / "held_out.jsonl").exists() and [r["step"] for r in jsonl(out / "metrics.jsonl")] == [1, 2]
 
 
 def test_examples_and_rewards_in_code_are_checked_before_compiling(tmp_path):
