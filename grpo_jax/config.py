@@ -51,6 +51,9 @@ class SamplingConfig:
     top_p: float = 1.0  # 1.0: no nucleus truncation
     greedy: bool = False  # argmax; log-probs are still reported under logits / temperature
     stop_tokens: tuple[int, ...] = ()  # besides ModelConfig.eos_token_id
+    # Never stop early: every row runs to max_new_tokens, past eos (benchmarks: fixed work per step;
+    # evaluation of a fixed length). The eos a row emits stays in its completion and mask.
+    ignore_eos: bool = False
 
     def __post_init__(self):
         _check("SamplingConfig", {
@@ -60,6 +63,8 @@ class SamplingConfig:
             "temperature": (0 < self.temperature < math.inf, "must be finite and > 0; for argmax decoding set greedy=True"),
             "top_k": (self.top_k >= 0, "must be >= 0 (0 disables top-k)"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1] (1 disables top-p)"),
+            "stop_tokens": (not (self.ignore_eos and self.stop_tokens),
+                            "are never checked with ignore_eos=True: drop them or set ignore_eos=False"),
         }, self)
 
 
@@ -116,6 +121,9 @@ class TrainConfig:
     # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
     # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
     max_skipped_steps: int = 3
+    # JAX's persistent compilation cache for runs (grpo_jax.run): a rerun or resume of the same shapes
+    # loads its programs instead of compiling them. "" turns it off (--set train.compilation_cache_dir=).
+    compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -184,6 +192,18 @@ class Config:
         for key, value in flatten(self).items():
             if any(isinstance(x, float) and not math.isfinite(x) for x in (value if isinstance(value, list) else [value])):
                 raise ValueError(f"Config.{key}={value!r} is not finite; every number of a config must be")
+        if self.model is not None:
+            check_routing_replay(self.algorithm, self.model)
+
+
+def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None:
+    """Routing replay needs a mixture-of-experts model (`trainer.check` runs this on a model_path's
+    config.json before any weight loads)."""
+    if algorithm.routing_replay != "none" and not any(model.moe_layers):
+        raise ValueError(
+            f"algorithm.routing_replay={algorithm.routing_replay!r} replays mixture-of-experts routes, but the "
+            f"{model.model_type} model has no MoE layer; use routing_replay='none'"
+        )
 
 
 def flatten(cfg) -> dict:
@@ -208,7 +228,8 @@ def flatten(cfg) -> dict:
 # Mesh and kernel choices keep the math but not the rounding: the continuation matches to float tolerance.
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
+    "train.compilation_cache_dir", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
 )
 

@@ -67,16 +67,14 @@ class LoraWeight:
     b: Float[Array, "..."]  # [rank, *output axes]
     scale: float = dataclasses.field(metadata=dict(static=True))
 
-    def project(self, equation: str, x: Array) -> Array:
-        """`jnp.einsum(equation, x, W)` for W = base + scale * a b, without forming W: the weight's axes
-        shared with x are its inputs, the others its outputs."""
-        (x_axes, w_axes), out_axes = equation.split("->")[0].split(","), equation.split("->")[1]
-        r = next(c for c in "rzyxwvu" if c not in equation)
-        inputs = "".join(c for c in w_axes if c in x_axes)
-        outputs = "".join(c for c in w_axes if c not in x_axes)
-        low = "".join(c for c in x_axes if c not in inputs) + r
-        down = jnp.einsum(f"{x_axes},{inputs}{r}->{low}", x, self.a)
-        return jnp.einsum(equation, x, self.base) + self.scale * jnp.einsum(f"{low},{r}{outputs}->{out_axes}", down, self.b)
+    def dense(self, x: Array, n_in: int) -> Array:
+        """x [b, t, *in] @ W for W = base + scale * a b, without forming W: flat 2-D matmuls, like the
+        decoder's own (`models.decoder._dense`)."""
+        b, t = x.shape[:2]
+        rows = x.reshape(b * t, math.prod(self.base.shape[:n_in]))
+        low = rows @ self.a.reshape(rows.shape[1], -1)
+        y = rows @ self.base.reshape(rows.shape[1], -1) + self.scale * (low @ self.b.reshape(low.shape[1], -1))
+        return y.reshape(b, t, *self.base.shape[n_in:])
 
 
 def specs(model_cfg: ModelConfig, cfg: LoraConfig) -> dict:

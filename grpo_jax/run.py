@@ -21,6 +21,7 @@ import threading
 import time
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 from grpo_jax import checkpoint, trainer
 from grpo_jax import train_step as ts
@@ -82,11 +83,25 @@ def _evals(row: dict | None) -> dict | None:
     return {k: v for k, v in (row or {}).items() if k.startswith("eval/")} or None
 
 
+def use_compilation_cache(path: str) -> None:
+    """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
+    the small host-side ones add up on the first step), or leaves it off for ""."""
+    if path:
+        path = str(pathlib.Path(path).expanduser())
+        if jax.config.jax_compilation_cache_dir != path:
+            compilation_cache.reset_cache()  # a cache opened earlier in this process would keep its directory
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def train(cfg: Config, params=None, **data) -> dict:
     """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
     set), the wall time and the final params. `data`: examples, held_out and rewards passed in code
-    (`trainer.Trainer`)."""
+    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir`
+    (use_compilation_cache)."""
     start = time.perf_counter()
+    use_compilation_cache(cfg.train.compilation_cache_dir)
     t = trainer.Trainer(cfg, params, **data)
     cfg, tr = t.cfg, t.cfg.train
     out = pathlib.Path(tr.out_dir)

@@ -42,6 +42,10 @@ class Rollout:
     logits / temperature; under truncation it is not the density the token was drawn from. `mask` is 1 on
     the completion tokens, the stop token included; `tokens` and `logprobs` are 0 past the mask.
     `truncated` is the finish reason: True when a row hit `max_new_tokens` without a stop token.
+    `routes` (MoE models; None otherwise): the experts the sampler routed each token to, per MoE
+    layer, for the row [left-padded prompt, completion] without its last token (the train Batch's
+    layout; the last token is never run): prompt tokens from the prefill, completion tokens from
+    decoding (routing replay R3); slots never run hold experts 0..k-1.
     """
 
     tokens: Int[Array, "batch new"]
@@ -49,6 +53,7 @@ class Rollout:
     logprobs: Float[Array, "batch new"]
     lengths: Int[Array, "batch"]
     truncated: Bool[Array, "batch"]
+    routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None
 
 
 def pad_prompts(token_lists: list[list[int]], sampling_cfg: SamplingConfig) -> Prompts:
@@ -146,12 +151,12 @@ def decode(
     keys: Key[Array, "batch"],
     stop_ids: tuple[int, ...],
     sampling_cfg: SamplingConfig,
-) -> Rollout:
+) -> tuple[Rollout, object]:
     """Samples up to `max_new_tokens` per row; `step(carry, tokens, t) -> (logits, carry)` feeds token t.
 
     `logits` are those for the first new token (from the prefill). The loop stops as soon as every row
     has emitted one of `stop_ids`; finished rows keep running in lock-step (static shapes) but their
-    outputs are masked.
+    outputs are masked. Returns the rollout and the final carry.
     """
     batch, steps = keys.shape[0], sampling_cfg.max_new_tokens
     stop = jnp.asarray(stop_ids, jnp.int32)
@@ -162,7 +167,8 @@ def decode(
         live = ~done
         tokens = tokens.at[:, t].set(jnp.where(live, token, 0))
         logprobs = logprobs.at[:, t].set(jnp.where(live, logprob, 0.0))
-        return (tokens, logprobs, lengths + live, done | (live & jnp.isin(token, stop))), token
+        stopped = live & jnp.isin(token, stop) if stop_ids else jnp.zeros_like(live)  # () with ignore_eos
+        return (tokens, logprobs, lengths + live, done | stopped), token
 
     out = (jnp.zeros((batch, steps), jnp.int32), jnp.zeros((batch, steps), jnp.float32),
            jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
@@ -178,9 +184,9 @@ def decode(
         t, (_, _, _, done), _, _ = loop
         return (t < steps) & ~jnp.all(done)
 
-    _, (tokens, logprobs, lengths, done), _, _ = jax.lax.while_loop(cond, body, (1, out, token, carry))
+    _, (tokens, logprobs, lengths, done), _, carry = jax.lax.while_loop(cond, body, (1, out, token, carry))
     mask = jnp.arange(steps) < lengths[:, None]
-    return Rollout(tokens, mask, logprobs, lengths, ~done)
+    return Rollout(tokens, mask, logprobs, lengths, ~done), carry
 
 
 def generate(
@@ -203,7 +209,8 @@ def generate(
 
 
 def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
-    """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids.
+    """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids
+    (none with `ignore_eos`).
 
     `generate` = `check_prompts` + `rollout`; a caller that jits more than sampling (the fused RL step)
     runs this on the host and passes the stop ids, which are static, to `rollout`.
@@ -222,6 +229,8 @@ def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConf
             f"prompt {int(np.argmax(lengths > width))} claims {lengths.max()} tokens > "
             f"SamplingConfig.max_prompt_len={width}: raise max_prompt_len or truncate the prompt"
         )
+    if sampling_cfg.ignore_eos:
+        return ()
     eos = cfg.eos_token_id
     stop_ids = tuple(sorted({*((eos,) if isinstance(eos, int) else eos or ()), *sampling_cfg.stop_tokens}))
     if any(not 0 <= i < cfg.vocab_size for i in stop_ids):
@@ -286,4 +295,7 @@ def rollout(
             return rows(logits), shard(cache)
 
         keys = row_keys(rng, prompts.tokens.shape[0], group)
-        return rows(decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg))
+        out, cache = decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg)
+        if "routes" in cache:  # slot s holds token s of [prompt, completion]: the Batch layout
+            out = dataclasses.replace(out, routes=jnp.moveaxis(cache["routes"], 1, 0))
+        return rows(out)

@@ -10,7 +10,8 @@ tokenizer has no chat template.
 """
 
 import pathlib
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from jaxtyping import Int

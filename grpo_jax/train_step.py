@@ -25,7 +25,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 import kernels
-from grpo_jax import algorithms, lora, models, sharding
+from grpo_jax import algorithms, lora, models, routing, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.config import Config, OptimConfig
 from grpo_jax.metrics import Metric
@@ -45,9 +45,15 @@ class Batch:
     positions: Int[Array, "batch seq"]
     segment_ids: Int[Array, "batch seq"]  # 0 on left padding
     mask: Float[Array, "batch new"]  # m_{i,t} over the completion (the last `new` tokens)
-    old_logp: Float[Array, "batch new"]  # l^old, fixed for the whole rollout batch
+    # l^old, fixed for the whole rollout batch; None when the update is on-policy (`on_policy`): sg(l)
+    old_logp: Float[Array, "batch new"] | None
     sampler_logp: Float[Array, "batch new"]  # l^samp, as reported by the sampler
     advantages: Float[Array, "batch"]
+    # MoE policies: pi_old's experts for every input token (tokens[:, :-1]) and MoE layer, from
+    # `old_logprobs`; replayed in every forward when algorithm.routing_replay is set, compared with
+    # the router's own picks by the routing metrics (grpo_jax.routing). Batch-major, like every field,
+    # so minibatches, micro-batches and the `batch` sharding rule split it with its rows.
+    routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None
 
 
 @typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
@@ -82,6 +88,16 @@ def make_optimizer(cfg: OptimConfig, total_updates: int) -> optax.GradientTransf
 def init_state(params: PyTree, optimizer: optax.GradientTransformation) -> TrainState:
     step, skipped, empty = (jnp.zeros((), jnp.int32) for _ in range(3))  # three buffers: the state is donated
     return TrainState(params, optimizer.init(params), step, skipped, empty)
+
+
+def on_policy(cfg: Config) -> bool:
+    """Whether every update of a step is exactly on-policy: one pass (num_iterations 1) in one minibatch,
+    so the params that train are those that sampled. Then l^old = sg(l) from the update's own forward
+    (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
+    is None. MoE policies keep that pass: it records pi_old's routes (`Batch.routes`) for routing
+    replay and the routing metrics."""
+    return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1
+            and not any(cfg.model.moe_layers))
 
 
 def check(cfg: Config) -> None:
@@ -119,13 +135,43 @@ def completion_logprobs(
     segment_ids: Int[Array, "batch seq"],
     mask: Float[Array, "batch new"],
     with_entropy: bool = False,
+    routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
 ) -> tuple[Float[Array, "batch new"], Float[Array, "batch new"] | None]:
-    """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies).
+    """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies),
+    replaying `routes` (see `Batch.routes`) if given. Jitted on its own; inlined inside the step."""
+    return _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy,
+                               routes)[:2]
 
-    Jitted on its own for the trainer's one l^old pass per rollout batch; inlined inside the step.
-    """
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def old_logprobs(
+    model_cfg: models.ModelConfig,
+    temperature: float,
+    params: PyTree,
+    tokens: Int[Array, "batch seq"],
+    positions: Int[Array, "batch seq"],
+    segment_ids: Int[Array, "batch seq"],
+    mask: Float[Array, "batch new"],
+    routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
+) -> tuple[Float[Array, "batch new"], Int[Array, "batch moe_layers seq_minus_1 k"] | None]:
+    """The one l^old pass of a rollout batch, and pi_old's routes for `Batch.routes` (MoE; else None).
+
+    Given routes (routing_replay="sampler", R3: `Rollout.routes`) are replayed here too and returned;
+    otherwise the routes are those this forward's router picks (what "old", R2, replays)."""
+    logp, _, aux = _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, False,
+                                       routes)
+    if "routes" not in aux:
+        return logp, None
+    return logp, jnp.moveaxis(aux["routes"], 0, 1) if routes is None else routes
+
+
+def _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy, routes):
+    """(log-probs, entropies or None, the decoder's aux) of the last `new` tokens."""
     batch, new = mask.shape
-    hidden = models.forward(model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1])
+    replay = None if routes is None else jnp.moveaxis(routes, 1, 0)  # the decoder's [moe_layers, batch, ...]
+    hidden, aux = models.forward_with_aux(
+        model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1], replay
+    )
     hidden = hidden[:, -new:].reshape(batch * new, -1)
     tied = model_cfg.tie_word_embeddings  # the [V, d] table as is: `embed.T` would be copied
     out = kernels.fused_logprobs(
@@ -140,22 +186,36 @@ def completion_logprobs(
     )
     if with_entropy:
         logp, entropy = out
-        return logp.reshape(batch, new), entropy.reshape(batch, new)
-    return out.reshape(batch, new), None
+        return logp.reshape(batch, new), entropy.reshape(batch, new), aux
+    return out.reshape(batch, new), None, aux
+
+
+def _replayed_routes(cfg: Config, batch: Batch):
+    """The routes every training forward runs on (None: the router's own picks)."""
+    if cfg.algorithm.routing_replay == "none":
+        return None
+    if batch.routes is None:
+        raise ValueError(f"algorithm.routing_replay={cfg.algorithm.routing_replay!r} needs Batch.routes: build the "
+                         "batch with the routes train_step.old_logprobs returns")
+    return batch.routes
 
 
 def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
+    replayed = _replayed_routes(cfg, batch)
     # Entropy is reported every step, not only when it is a loss term.
-    logp, entropy = logprobs(lora.policy_params(cfg.lora, params, ref_params), batch.tokens, batch.positions, batch.segment_ids, batch.mask, True)
+    logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature,
+                                             lora.policy_params(cfg.lora, params, ref_params), batch.tokens,
+                                             batch.positions, batch.segment_ids, batch.mask, True, replayed)
+    old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
-    if alg.beta > 0:
+    if alg.beta > 0:  # the frozen reference routes by its own router
         ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
         ref_logp = jax.lax.stop_gradient(ref_logp)
-    return algorithms.policy_loss(
+    loss, metrics = algorithms.policy_loss(
         alg,
         logp,
-        batch.old_logp,
+        old_logp,
         batch.advantages,
         batch.mask,
         ref_logp=ref_logp,
@@ -164,6 +224,12 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
         normalizer=normalizer,
         stats=stats,
     )
+    counts = None
+    if "routes" in aux:  # MoE
+        routing_metrics, counts = routing.metrics(aux, batch.routes, replayed is not None, batch.mask,
+                                                  cfg.model.num_experts)
+        metrics.update(routing_metrics)
+    return loss, (metrics, counts)
 
 
 def _micro_batches(tree, k: int):
@@ -185,12 +251,13 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
     Clip-Cov's random choice comes from a permutation keyed by (train.seed, state.step)."""
     def forward(mb):
         return completion_logprobs(cfg.model, cfg.sampling.temperature, params, mb.tokens, mb.positions,
-                                   mb.segment_ids, mb.mask, True)
+                                   mb.segment_ids, mb.mask, True, _replayed_routes(cfg, mb))
 
     logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
-    return algorithms.step_stats(cfg.algorithm, logp, batch.old_logp, batch.advantages, batch.mask, entropy, priority)
+    old_logp = logp if batch.old_logp is None else batch.old_logp
+    return algorithms.step_stats(cfg.algorithm, logp, old_logp, batch.advantages, batch.mask, entropy, priority)
 
 
 def _all_finite(tree) -> jax.Array:
@@ -211,6 +278,12 @@ def train_step(
     `ref_params` are the frozen params: the reference when beta > 0 (None otherwise); with LoRA, the
     base the trained adapters (`state.params`) attach to, which is the reference too."""
     k = cfg.train.micro_batches
+    if batch.old_logp is None and not on_policy(cfg):
+        raise ValueError(
+            f"Batch.old_logp is None, but with algorithm.num_iterations={cfg.algorithm.num_iterations} and "
+            f"train.minibatches={cfg.train.minibatches} updates after the first are off-policy: pass l^old "
+            "computed under the params that sampled (train_step.completion_logprobs)"
+        )
     if batch.advantages.shape[0] % k:
         raise ValueError(
             f"a minibatch of {batch.advantages.shape[0]} completions does not split into "
@@ -220,18 +293,24 @@ def train_step(
     micro = _micro_batches(batch, k)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
-        policy = lora.policy_params(cfg.lora, state.params, ref_params)
-        stats = _micro_batches(_step_stats(cfg, policy, batch, micro, state.step), k)
+        stats = _step_stats(cfg, lora.policy_params(cfg.lora, state.params, ref_params), batch, micro, state.step)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
     def accumulate(grads, xs):
         mb, mb_stats = xs
-        (loss, metrics), g = grad_fn(state.params, ref_params, mb, normalizer, mb_stats)
-        return jax.tree.map(jnp.add, grads, g), (loss, metrics)
+        (loss, (metrics, counts)), g = grad_fn(state.params, ref_params, mb, normalizer, mb_stats)
+        return jax.tree.map(jnp.add, grads, g), (loss, metrics, counts)
 
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, (losses, metrics) = jax.lax.scan(accumulate, zero_grads, (micro, stats))
-    loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
+    if k == 1:  # no loop: nothing to accumulate, and XLA fuses the gradient into the update
+        (loss, (metrics, counts)), grads = grad_fn(state.params, ref_params, batch, normalizer, stats)
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    else:
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        grads, (losses, metrics, counts) = jax.lax.scan(accumulate, zero_grads, (micro, _micro_batches(stats, k)))
+        loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
+        counts = None if counts is None else counts.sum(0)
+    if counts is not None:  # MoE: the balance of the whole minibatch's routed token counts
+        metrics["routing/expert_load"] = routing.expert_load(counts, normalizer.num_tokens)
 
     grad_norm = optax.tree.norm(grads)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -263,7 +342,7 @@ def train_step(
 def batch_shardings(mesh: jax.sharding.Mesh) -> Batch:
     """Every Batch leaf split over its leading (batch) axis by the `batch` sharding rule."""
     two, one = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
-    return Batch(two, two, two, two, two, two, one)
+    return Batch(two, two, two, two, two, two, one, sharding.batch_sharding(mesh, 4))
 
 
 def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, state_sharding, ref_sharding):

@@ -22,6 +22,7 @@ The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_ja
 """
 
 import dataclasses
+import json
 import math
 import pathlib
 import time
@@ -35,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, ModelOptions, flatten
+from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
 from grpo_jax.rewards import scoring
 
 
@@ -84,6 +85,9 @@ def check(cfg: Config) -> None:
     if cfg.model_path and not (pathlib.Path(cfg.model_path) / "config.json").is_file():
         where = "has no config.json" if pathlib.Path(cfg.model_path).is_dir() else "does not exist"
         raise FileNotFoundError(f"model_path={cfg.model_path} {where}: point it at a local Hugging Face model directory")
+    if cfg.model_path and cfg.algorithm.routing_replay != "none":  # before any weight loads
+        config_json = json.loads((pathlib.Path(cfg.model_path) / "config.json").read_text())
+        check_routing_replay(cfg.algorithm, models.ModelConfig.from_hf(config_json))
     out = pathlib.Path(tr.out_dir)
     if any(p.exists() and not p.is_dir() for p in (out, out / "checkpoints")):
         raise ValueError(f"train.out_dir={tr.out_dir}: a file is in the way of the run directory; move it or set another out_dir")
@@ -198,9 +202,12 @@ class Trainer:
         """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
         texts, prompts = self._prompts(examples)
         prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
-        rollout = jax.device_get(
-            sampling.generate(self.cfg.model, self.policy_params, prompts, rng, sampling_cfg, self.mesh)
-        )
+        t0 = time.perf_counter()
+        rollout = sampling.generate(self.cfg.model, self.policy_params, prompts, rng, sampling_cfg, self.mesh)
+        if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes leave the device only for R3
+            rollout = dataclasses.replace(rollout, routes=None)
+        rollout = jax.device_get(jax.block_until_ready(rollout))
+        generate_s = time.perf_counter() - t0
         g = sampling_cfg.group_size
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
@@ -217,11 +224,12 @@ class Trainer:
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
             prompts=prompts, texts=texts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
 
-    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray, ...], dict]:
+    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray | None, ...], dict]:
         """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled).
 
         A group is informative when its completions differ in correctness (0 < correct < G, the DAPO
@@ -253,20 +261,27 @@ class Trainer:
                 break
         kept = kept[:want]
         host = self._batch(kept, weights)
-        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=host[-1])  # for the logs
+        *_, advantages, _routes = host
+        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=advantages)  # for the logs
         return host, self._rollout_metrics(drawn, kept, rounds, sample_time)
 
-    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray | None, ...]:
         """Packs the kept groups, padded to the full batch with masked rows, as host arrays
-        (tokens, positions, segment_ids, mask, sampler_logp, advantages)."""
+        (tokens, positions, segment_ids, mask, sampler_logp, advantages, routes); routes are the
+        sampler's (`Rollout.routes`) for routing_replay="sampler", else None."""
         cfg, g = self.cfg, self.cfg.sampling.group_size
-        alg = cfg.algorithm
+        alg, model = cfg.algorithm, cfg.model
         new, width = cfg.sampling.max_new_tokens, cfg.sampling.max_prompt_len
         tokens = np.zeros((self.rows, width + new), np.int32)
         prompt_lengths = np.ones((self.rows,), np.int32)
         mask = np.zeros((self.rows, new), np.float32)
         sampler_logp = np.zeros((self.rows, new), np.float32)
         advantages = np.zeros((self.rows,), np.float32)
+        routes = None
+        if alg.routing_replay == "sampler":  # padding rows: experts 0..k-1, as unwritten cache slots
+            k = model.num_experts_per_tok
+            shape = (self.rows, sum(model.moe_layers), width + new - 1, k)
+            routes = np.broadcast_to(np.arange(k, dtype=np.int32), shape).copy()
         n = len(kept) * g
         for j, (s, i, _) in enumerate(kept):
             rows, src = slice(j * g, (j + 1) * g), slice(i * g, (i + 1) * g)
@@ -279,6 +294,8 @@ class Trainer:
                 m = m * ~np.asarray(r.truncated[src])[:, None]
             mask[rows] = m
             sampler_logp[rows] = r.logprobs[src]
+            if routes is not None:
+                routes[rows] = r.routes[src]
         if n:
             scores = np.concatenate([sc for _, _, sc in kept])
             advantages[:n] = np.asarray(
@@ -287,23 +304,27 @@ class Trainer:
                 )
             )
         tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
-        return tok, pos, seg, mask, sampler_logp, advantages
+        return tok, pos, seg, mask, sampler_logp, advantages, routes
 
-    def minibatches(self, host: tuple[np.ndarray, ...]) -> list[ts.Batch]:
-        """Splits the host rollout batch into global minibatches and attaches l^old to each, all under
-        the params that sampled them (before any update of this step)."""
+    def minibatches(self, host: tuple[np.ndarray | None, ...]) -> list[ts.Batch]:
+        """Splits the host rollout batch into global minibatches and attaches l^old (and, for MoE
+        policies, pi_old's routes) to each, all under the params that sampled them (before any update
+        of this step); none when the updates are on-policy (`train_step.on_policy`: the update takes
+        sg(l) from its own forward)."""
         cfg, k = self.cfg, self.cfg.train.minibatches
         size = self.rows // k
         out = []
         for j in range(k):
-            tok, pos, seg, mask, sampler_logp, adv = sharding.global_batch(
-                tuple(a[j * size:(j + 1) * size] for a in host), self.mesh
+            tok, pos, seg, mask, sampler_logp, adv, routes = sharding.global_batch(
+                tuple(None if a is None else a[j * size:(j + 1) * size] for a in host), self.mesh
             )
-            with sharding.activation_rules(self.mesh):
-                old_logp, _ = ts.completion_logprobs(
-                    cfg.model, cfg.sampling.temperature, self.policy_params, tok, pos, seg, mask, False
-                )
-            out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv))
+            old_logp = None
+            if not ts.on_policy(cfg):
+                with sharding.activation_rules(self.mesh):
+                    old_logp, routes = ts.old_logprobs(
+                        cfg.model, cfg.sampling.temperature, self.policy_params, tok, pos, seg, mask, routes
+                    )
+            out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv, routes))
         return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
@@ -319,7 +340,8 @@ class Trainer:
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
             "completion/truncated_frac": float(truncated.mean()),
-            "time/sample_s": sample_time,
+            "time/sample_s": sample_time,  # generation, tokenizing, decoding and rewards
+            "time/generate_s": sum(s["generate_s"] for s in drawn),  # the jitted sampler alone
             "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
         }
         if drawn[0]["correct"] is not None:
@@ -354,7 +376,7 @@ class Trainer:
         """One RL step; returns the step's metrics and the per-update train metrics."""
         t0 = time.perf_counter()
         host, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
-        adv = host[-1][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
+        adv = host[5][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
         metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         t1 = time.perf_counter()

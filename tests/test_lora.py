@@ -29,6 +29,8 @@ def random_adapters(model_cfg, cfg, seed=1):
 
 @pytest.mark.parametrize("equation", ["btd,dnh->btnh", "btnh,nhd->btd", "btd,df->btf", "btf,fd->btd"])
 def test_the_adapted_product_equals_the_product_with_the_merged_weight(equation):
+    """LoraWeight.dense (x [b, t, *in] @ W over the weight's leading input axes) against the float64
+    einsum with W = base + scale a b formed explicitly."""
     x_axes, w_axes = equation.split("->")[0].split(",")
     size = dict(b=2, t=3, d=5, n=2, h=3, f=7)
     rng = np.random.default_rng(0)
@@ -39,7 +41,8 @@ def test_the_adapted_product_equals_the_product_with_the_merged_weight(equation)
     b = rng.standard_normal([4, *(size[c] for c in w_axes if c not in inputs)])
     merged = w + 0.5 * (a.reshape(-1, 4) @ b.reshape(4, -1)).reshape(w.shape)  # float64 reference
     with jax.enable_x64():
-        got = lora.LoraWeight(jnp.asarray(w), jnp.asarray(a), jnp.asarray(b), 0.5).project(equation, jnp.asarray(x))
+        got = lora.LoraWeight(jnp.asarray(w), jnp.asarray(a), jnp.asarray(b), 0.5).dense(
+            jnp.asarray(x), len(inputs))
     np.testing.assert_allclose(got, np.einsum(equation, x, merged), rtol=1e-10)
 
 

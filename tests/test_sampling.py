@@ -105,7 +105,7 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     first = jax.nn.one_hot(jnp.array([7, 4, 9, 8]), vocab) * 10.0
     run = jax.jit(decode, static_argnums=(0, 4, 5))
     keys = row_keys(jax.random.key(0), 4, 1)
-    out = run(step, (), first, keys, (9,), scfg)
+    out, _ = run(step, (), first, keys, (9,), scfg)
     np.testing.assert_array_equal(out.lengths, [3, 6, 1, 2])
     np.testing.assert_array_equal(out.truncated, [False] * 4)
     np.testing.assert_array_equal(out.tokens[1], [4, 5, 6, 7, 8, 9, 0, 0])
@@ -114,7 +114,7 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     assert len(calls) == 5  # the loop ends when the slowest row has stopped, not at max_new_tokens
 
     calls.clear()
-    out = run(step, (), first, keys, (2,), scfg)
+    out, _ = run(step, (), first, keys, (2,), scfg)
     np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last slot: not truncated
     np.testing.assert_array_equal(out.truncated, [False, True, False, False])
     assert len(calls) == 7
@@ -132,3 +132,29 @@ def test_pad_prompts_left_pads():
     p = pad_prompts([[5, 6], [7, 8, 9]], SamplingConfig(max_prompt_len=4))
     np.testing.assert_array_equal(p.tokens, [[0, 0, 5, 6], [0, 7, 8, 9]])
     np.testing.assert_array_equal(p.lengths, [2, 3])
+
+
+def test_ignore_eos_runs_every_row_to_max_new_tokens():
+    """With ignore_eos the sampler checks no stop id (not eos, whatever the model declares): the fake
+    model of the test above runs through its eos 9 to max_new_tokens in every row."""
+    from grpo_jax.models import ModelConfig
+    from grpo_jax.sampling import check_prompts
+
+    model = ModelConfig(model_type="qwen3", vocab_size=12, hidden_size=8, intermediate_size=8, num_layers=1,
+                        num_heads=1, num_kv_heads=1, head_dim=8, eos_token_id=9)
+    scfg = SamplingConfig(greedy=True, max_new_tokens=8, max_prompt_len=2, ignore_eos=True)
+    prompts = pad_prompts([[1], [2, 3]], scfg)
+    assert check_prompts(model, prompts, SamplingConfig(max_prompt_len=2)) == (9,)
+    stop_ids = check_prompts(model, prompts, scfg)
+    assert stop_ids == ()
+
+    def step(carry, tokens, t):
+        return jax.nn.one_hot((tokens + 1) % 12, 12) * 10.0, carry
+
+    first = jax.nn.one_hot(jnp.array([7, 9]), 12) * 10.0
+    out, _ = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 2, 1), stop_ids, scfg)
+    np.testing.assert_array_equal(out.lengths, [8, 8])
+    np.testing.assert_array_equal(out.tokens[0], [7, 8, 9, 10, 11, 0, 1, 2])
+    assert out.mask.all() and out.truncated.all()
+    with pytest.raises(ValueError, match="stop_tokens.*ignore_eos"):
+        SamplingConfig(ignore_eos=True, stop_tokens=(3,))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import models, sampling, sharding
+from grpo_jax import train_step as ts
 from grpo_jax.config import MeshConfig, SamplingConfig
 from grpo_jax.sampling import decode_step, generate, pad_prompts, prefill
 
@@ -77,6 +78,26 @@ def test_logprobs_equal_a_recomputation_on_the_finished_sequences(model):
         assert (np.asarray(rollout.lengths)[~stopped] == scfg.max_new_tokens).all()
 
 
+def test_moe_sampler_records_the_routes_of_a_full_forward():
+    """Routing replay R3: the routes the sampler reports (prompt tokens from the prefill, completion
+    tokens from decoding) are those of one forward over the finished sequences, at every token it ran;
+    laid out like the train Batch (the row without its last token)."""
+    params = models.init(MOE, jax.random.key(0))
+    prompts = pad_prompts(PROMPTS, SCFG)
+    rollout = generate(MOE, params, prompts, jax.random.key(1), SCFG)
+    g, width = SCFG.group_size, SCFG.max_prompt_len
+    lengths = np.repeat(np.asarray(prompts.lengths), g)
+    tokens, positions, segments = ts.sequences(jnp.repeat(prompts.tokens, g, 0), jnp.asarray(lengths), rollout.tokens)
+    _, aux = models.forward_with_aux(MOE, params, tokens[:, :-1], positions[:, :-1], segments[:, :-1])
+    want, got = np.moveaxis(np.asarray(aux["routes"]), 0, 1), np.asarray(rollout.routes)
+    assert got.shape == want.shape == (len(PROMPTS) * g, 1, width + SCFG.max_new_tokens - 1, 2)
+    column = np.arange(got.shape[2])
+    ran = (column >= width - lengths[:, None]) & (column < width + np.asarray(rollout.lengths)[:, None] - 1)
+    assert ran[:, width:].sum() > 10  # decoded tokens are compared, not only the prompts
+    np.testing.assert_array_equal(got[:, 0][ran], want[:, 0][ran])
+    assert generate(DENSE, models.init(DENSE, jax.random.key(0)), prompts, jax.random.key(1), SCFG).routes is None
+
+
 def test_same_seed_same_samples_whatever_the_batch_composition(model):
     cfg, params = model
     key = jax.random.key(3)
@@ -109,6 +130,8 @@ def test_same_seed_same_samples_on_a_mesh_as_on_one_device(cfg, mesh_cfg):
     np.testing.assert_array_equal(sharded.tokens, single.tokens)
     np.testing.assert_array_equal(sharded.lengths, single.lengths)
     np.testing.assert_allclose(sharded.logprobs, single.logprobs, atol=1e-5)
+    if cfg.num_experts:
+        np.testing.assert_array_equal(sharded.routes, single.routes)
     per_device = 8 // (mesh.shape["data"] * mesh.shape["fsdp"])  # rows really are split over (data, fsdp)
     assert {shard.data.shape[0] for shard in sharded.tokens.addressable_shards} == {per_device}
 

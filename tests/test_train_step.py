@@ -111,9 +111,9 @@ MESHES = {"1 device": MeshConfig(data=1), "2x2x2": MeshConfig(data=2, fsdp=2, te
 NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
 
 
-def compiled(preset: str, mesh: str, params):
+def compiled(preset: str, mesh: str, params, micro_batches: int = 2):
     """(cached jitted step, fresh initial state placed as the step expects it)."""
-    cfg = config(preset)
+    cfg = config(preset, micro_batches)
     devices = jax.devices()[: math.prod(dataclasses.astuple(MESHES[mesh]))]
     optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MESHES[mesh], devices))
     return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)
@@ -142,14 +142,17 @@ def reference_trajectory(preset: str, params, rollouts) -> list:
     return out
 
 
-@pytest.mark.parametrize("preset, mesh", [("grpo", "1 device"), ("gspo", "1 device"), ("dr_grpo", "1 device"), ("grpo", "2x2x2")])
-def test_jitted_step_equals_unjitted_reference(preset, mesh, params, rollouts):
-    """Two updates with micro_batches=2 equal the unsplit reference: exact accumulation, clipping,
-    AdamW; on the (2,2,2) mesh (grpo: reference params sharded too) as on one device."""
-    cfg = config(preset)
+@pytest.mark.parametrize("preset, mesh, micro_batches", [
+    ("grpo", "1 device", 2), ("gspo", "1 device", 2), ("gspo", "1 device", 1), ("dr_grpo", "1 device", 2),
+    ("grpo", "2x2x2", 2),
+])
+def test_jitted_step_equals_unjitted_reference(preset, mesh, micro_batches, params, rollouts):
+    """Two updates with micro_batches=2 (or 1: no accumulation loop) equal the unsplit reference: exact
+    accumulation, clipping, AdamW; on the (2,2,2) mesh (grpo: reference params sharded too) as on one device."""
+    cfg = config(preset, micro_batches)
     batch = make_batch(rollouts, NOISE.get(preset, 0.2))
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
-    step, state = compiled(preset, mesh, params)
+    step, state = compiled(preset, mesh, params, micro_batches)
     for t, (loss, norm, p_ref) in enumerate(reference_trajectory(preset, params, rollouts), 1):
         state, metrics = step(state, ref_params, batch)
         metrics = metrics_lib.finalize(metrics)
@@ -275,3 +278,38 @@ def test_logprobs_impl_switch_reaches_the_kernel(rollouts, impl, full_logits):
     params = jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))
     hlo = jax.jit(logprobs).lower(params).compile().as_text()
     assert (f"{mask.size},{cfg.vocab_size}]" in hlo) == full_logits
+
+
+@pytest.mark.parametrize("preset, micro_batches, fields", [
+    ("gspo", 1, {}),
+    # step statistics (the no-grad pass), a reference model (beta > 0), accumulation over 2 micro-batches
+    ("dapo", 2, dict(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0, top_entropy_quantile=0.5,
+                  beta=0.04)),
+])
+def test_on_policy_update_without_old_logprobs_equals_the_two_pass_update(preset, micro_batches, fields, params, rollouts):
+    """num_iterations 1, minibatches 1: with Batch.old_logp None the update takes sg(l) from its own
+    forward; loss, gradient and every metric equal those of the update given l^old from a separate
+    forward under the same params (the two-pass form). SGD at rate 1 exposes the raw gradient."""
+    cfg = config(preset, micro_batches, **fields)
+    tokens, positions, segments, mask, _ = rollouts
+    two_pass = make_batch(rollouts, 0.0)
+    old, _ = ts.completion_logprobs(MODEL, cfg.sampling.temperature, params, tokens, positions, segments, two_pass.mask)
+    two_pass = dataclasses.replace(two_pass, old_logp=old)
+    ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
+    sgd = optax.sgd(1.0)
+    step = jax.jit(functools.partial(ts.train_step, cfg, sgd))
+    outs = [step(ts.init_state(params, sgd), ref_params, b) for b in (two_pass, dataclasses.replace(two_pass, old_logp=None))]
+    (state_2, m_2), (state_1, m_1) = [(s, metrics_lib.finalize(m)) for s, m in outs]
+    assert ts.on_policy(cfg) and m_1.keys() == m_2.keys() and m_1["grad_norm"] > 0
+    for name in m_2:
+        np.testing.assert_allclose(m_1[name], m_2[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for p, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state_1.params), jax.tree.leaves(state_2.params)):
+        np.testing.assert_allclose(p - a, p - b, rtol=1e-4, atol=1e-7)  # the gradients
+
+
+def test_old_logprobs_are_required_off_policy(params, rollouts):
+    cfg = config("gspo", minibatches=2)
+    batch = dataclasses.replace(make_batch(rollouts, 0.0), old_logp=None)
+    sgd = optax.sgd(1.0)
+    with pytest.raises(ValueError, match="old_logp is None.*train.minibatches=2"):
+        ts.train_step(cfg, sgd, ts.init_state(params, sgd), None, batch)

@@ -186,7 +186,7 @@ def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, caplo
         config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
     t = trainer.Trainer(cfg, rewards={"nan_for_odd": fault_rewards.nan_for_odd_answers})  # a reward passed in code
     assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
-    (tokens, positions, segments, mask, sampler_logp, advantages), metrics = t.rollout_batch(jax.random.key(0))
+    (tokens, positions, segments, mask, sampler_logp, advantages, _), metrics = t.rollout_batch(jax.random.key(0))
     assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
     assert "reward 'nan_for_odd_answers': 4 of 8 call(s) failed (nonfinite)" in caplog.text
     assert np.isfinite(advantages).all() and np.isfinite(metrics["reward/mean"])

@@ -16,6 +16,7 @@ from grpo_jax.algorithms.kl import KL_ESTIMATORS
 from grpo_jax.algorithms.losses import LOSSES
 
 REWARD_COMBINES = ("sum_then_normalize", "normalize_then_sum")
+ROUTING_REPLAY = ("none", "old", "sampler")
 RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
 
 
@@ -79,6 +80,13 @@ class AlgorithmConfig:
     overlong_buffer_frac: float = 0.0  # DAPO overlong shaping buffer B = frac * L_max; 0: off
     overlong_kappa: float = 1.0  # its maximal penalty
     mask_truncated: bool = False  # m = 0 for completions that hit the limit without an end token
+    # mixture-of-experts policies: which top-k expert sets every training forward of a rollout batch
+    # uses (gate weights always come from the current router). "none": the router's own; "old"
+    # (Routing Replay, GSPO arXiv 2507.18071 sec. 5.3; "R2"): those recorded when l^old is computed;
+    # "sampler" (Rollout Routing Replay, arXiv 2510.11370; "R3"): those the sampler used, also in
+    # the l^old forward. Here, not in the model options, because it changes the objective's ratio:
+    # the GSPO paper's GRPO baseline is GRPO plus routing replay.
+    routing_replay: str = "none"
 
     def __post_init__(self):
         _one_of("advantage", self.advantage, tuple(ADVANTAGES))
@@ -89,6 +97,7 @@ class AlgorithmConfig:
         _one_of("kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
         _one_of("tis_level", self.tis_level, TIS_LEVELS)
         _one_of("tis_mode", self.tis_mode, TIS_MODES)
+        _one_of("routing_replay", self.routing_replay, ROUTING_REPLAY)
         self._check_loss()
         self._check_values()
 
@@ -113,6 +122,12 @@ class AlgorithmConfig:
         if spec.unit == "sequence" and self.top_entropy_quantile < 1:
             raise ValueError(f"AlgorithmConfig: top_entropy_quantile selects tokens but loss={loss!r} has one unit per "
                              "completion; use a token loss (e.g. gspo_token) or top_entropy_quantile=1.")
+        if not spec.ratio and self.routing_replay == "old":
+            raise ValueError(
+                f"AlgorithmConfig: loss={loss!r} has no importance ratio, so its one update per rollout batch "
+                "runs at the params that computed l^old and routing_replay='old' replays the routes the router "
+                "picks anyway; use routing_replay='none' (or 'sampler' to train on the sampler's routes)."
+            )
         if not spec.ratio and self.num_iterations > 1:
             raise ValueError(
                 f"AlgorithmConfig: loss={loss!r} has no importance ratio, so passes 2..{self.num_iterations} "

@@ -4,7 +4,8 @@
     save_hf(cfg, params, path)                                # -> config.json + model.safetensors
     params = init(cfg, rng)                                   # from scratch
     hidden = forward(cfg, params, tokens, positions=None, segment_ids=None)  # [B, S, d], final-normed
-    hidden, aux = forward_with_aux(...)                       # aux["router_logits"] for MoE
+    hidden, aux = forward_with_aux(..., routes=None)          # MoE: aux router_logits, routes,
+                                                              # router_entropy; routes: replay
     w = unembedding(cfg, params)                              # [d, V]; logits = hidden @ w
     logits(cfg, params, tokens, positions=None, segment_ids=None)            # [B, S, V] float32
 
@@ -18,7 +19,8 @@ KV cache (for sampling; one code path with `forward`):
         {"k": [layers, batch, kv_heads, head_dim, max_len], "v": [layers, batch, kv_heads, max_len,
          head_dim] in cfg.compute_dtype (per layer, the layouts the attention kernels read; stacked
          like the params, so the layer scan carries the cache), "segment_ids": [batch, max_len]
-         int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`)}
+         int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`),
+         MoE models: "routes": [moe_layers, batch, max_len, k] int32, the experts of each slot's token}
     hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
         tokens/positions/segment_ids [B, T]; writes slots [index, index+T) (index: int32 scalar, the
         same for every row) and attends to all earlier slots with the same segment id.

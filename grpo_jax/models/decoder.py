@@ -10,7 +10,8 @@ with depth.
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,13 +77,18 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v stacked over layers
-    like the params, so that the layer scan carries them and writes each new token in place."""
+    like the params, so that the layer scan carries them and writes each new token in place. MoE
+    models also keep the routes of every slot (the experts each token was routed to, per MoE layer)."""
     shape, axes = (cfg.num_layers, batch, cfg.num_kv_heads), ("layers", "batch", "kv_heads")
-    return {
+    specs = {
         "k": ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq")),
         "v": ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None)),
         "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
     }
+    if any(cfg.moe_layers):
+        shape = (sum(cfg.moe_layers), batch, max_len, cfg.num_experts_per_tok)
+        specs["routes"] = ParamSpec(shape, ("layers", "batch", "seq", None))
+    return specs
 
 
 def is_spec(x) -> bool:
@@ -114,16 +120,21 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """An empty cache: k [layers, batch, kv_heads, head_dim, max_len] and v [layers, batch, kv_heads,
     max_len, head_dim] (the layouts `ATTENTION` kernels take, per layer) in the compute dtype;
-    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding."""
+    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding;
+    for MoE models routes [moe_layers, batch, max_len, k] int32, unwritten slots holding experts
+    0..k-1 (a valid set, so a replay of a whole row never meets a repeated expert)."""
     specs = cache_specs(cfg, batch, max_len)
-    dtypes = {"k": cfg.compute_dtype, "v": cfg.compute_dtype, "segment_ids": jnp.int32}
-    return {name: jnp.zeros(spec.shape, dtypes[name]) for name, spec in specs.items()}
+    cache = {name: jnp.zeros(specs[name].shape, cfg.compute_dtype) for name in ("k", "v")}
+    cache["segment_ids"] = jnp.zeros(specs["segment_ids"].shape, jnp.int32)
+    if "routes" in specs:
+        cache["routes"] = jnp.broadcast_to(jnp.arange(cfg.num_experts_per_tok, dtype=jnp.int32), specs["routes"].shape)
+    return cache
 
 
 def repeat_cache(cache: Cache, repeats: int) -> Cache:
     """Every row of the cache `repeats` times in a row along batch: G samples share one prefill."""
-    rows = lambda a, axis: jnp.repeat(a, repeats, axis=axis)  # noqa: E731
-    return {"k": rows(cache["k"], 1), "v": rows(cache["v"], 1), "segment_ids": rows(cache["segment_ids"], 0)}
+    batch_axis = {"k": 1, "v": 1, "segment_ids": 0, "routes": 1}
+    return {name: jnp.repeat(a, repeats, axis=batch_axis[name]) for name, a in cache.items()}
 
 
 def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, "batch seq"]:
@@ -175,10 +186,19 @@ ATTENTION: dict[str, Callable] = {
 
 
 # ----------------------------------------------------------------------------- building blocks
-def _project(equation: str, x, w):
-    """`jnp.einsum(equation, x, w)` for a weight that is an array, or one that computes its own product
-    (a `grpo_jax.lora.LoraWeight`: the frozen weight plus a low-rank adapter)."""
-    return w.project(equation, x) if hasattr(w, "project") else jnp.einsum(equation, x, w)
+def _dense(x, w, n_in: int = 1):
+    """x [b, t, *in] @ w [*in, *out] -> [b, t, *out] as ONE 2-D matmul over the flattened rows.
+
+    Written as an einsum over (b, t), the weight gradient contracts two axes, and XLA:CPU's dot
+    canonicalization then transposes the [b*t, out] cotangent (a strided copy, fused with the
+    elementwise backward before it) ahead of each weight-gradient matmul: with flat rows it is one
+    [in, b*t] @ [b*t, out] dot that reads both operands as they lie (bench/README.md, "train")."""
+    if hasattr(w, "dense"):  # a grpo_jax.lora.LoraWeight: the frozen weight plus a low-rank adapter
+        return w.dense(x, n_in)
+    b, t = x.shape[:2]
+    fan_in = math.prod(w.shape[:n_in])
+    y = jnp.dot(x.reshape(b * t, fan_in), w.reshape(fan_in, -1))
+    return y.reshape(b, t, *w.shape[n_in:])
 
 
 def _rms_norm(x, w, eps):
@@ -216,9 +236,9 @@ def _rope(x, positions, inv_freq):
 def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
     """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
     are written in place at [layer, :, :, index:index+T] and all slots of this layer are attended."""
-    q = _constrain(_project("btd,dnh->btnh", x, p["q"]), ("batch", "seq", "heads", None))
-    k = _constrain(_project("btd,dkh->btkh", x, p["k"]), ("batch", "seq", "kv_heads", None))
-    v = _constrain(_project("btd,dkh->btkh", x, p["v"]), ("batch", "seq", "kv_heads", None))
+    q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
+    k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
+    v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
     if cfg.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if cfg.qk_norm:
@@ -240,23 +260,31 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
-    return _project("btnh,nhd->btd", out, p["o"]), kv
+    return _dense(out, p["o"], 2), kv
 
 
 def _mlp(p, x):
-    gate, up = _project("btd,df->btf", x, p["gate"]), _project("btd,df->btf", x, p["up"])
-    h = _constrain(jax.nn.silu(gate) * up, ("batch", "seq", "mlp"))
-    return _project("btf,fd->btd", h, p["down"])
+    h = _constrain(jax.nn.silu(_dense(x, p["gate"])) * _dense(x, p["up"]), ("batch", "seq", "mlp"))
+    return _dense(h, p["down"])
 
 
-def _moe(cfg, p, x):
-    """Softmax top-k routing over SwiGLU experts. Returns (output, router logits in float32)."""
+def _moe(cfg, p, x, routes=None):
+    """Softmax top-k routing over SwiGLU experts. Returns (output, router logits in float32, the
+    router's own top-k experts [B, T, k], router entropy [B, T]).
+
+    Routing replay (`routes` [B, T, k], e.g. recorded under the old policy): the replayed experts
+    replace the router's top-k set, and their gate weights are the current router's probabilities
+    of that set (normalized as the model normalizes its top-k), so the router still gets gradients."""
     router_logits = jnp.einsum("btd,de->bte", x, p["router"], preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(router_logits, axis=-1)
     top_p, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    used = top_i if routes is None else routes
+    if routes is not None:
+        top_p = jnp.take_along_axis(probs, routes, axis=-1)
     if cfg.norm_topk_prob:
         top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-    return MOE[cfg.moe_impl](p, x, top_p.astype(x.dtype), top_i), router_logits
+    entropy = -jnp.sum(probs * jax.nn.log_softmax(router_logits, axis=-1), axis=-1)
+    return MOE[cfg.moe_impl](p, x, top_p.astype(x.dtype), used), router_logits, top_i, entropy
 
 
 def _experts_dense(p, x, top_p, top_i):
@@ -314,7 +342,7 @@ def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
     return [tuple(r) for r in runs]
 
 
-def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
+def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=None):
     cdt = cfg.jnp_compute_dtype
     cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
     table = _constrain(params["embed"].astype(cdt), ("vocab", None))  # gathered over fsdp like every weight
@@ -327,31 +355,40 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index):
         )
 
     def layer(carry, xs, is_moe):
-        (x, kv), (lp, mp, i) = carry, (cast(xs[0]), cast(xs[1]), xs[2])
+        (x, kv), (lp, mp, i, replay) = carry, (cast(xs[0]), cast(xs[1]), xs[2], xs[3])
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
         a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
-        m, logits = _moe(cfg, mp, h) if is_moe else (_mlp(mp, h), None)
-        return (_constrain(x + m, ("batch", "seq", "embed")), kv), logits
+        if is_moe:
+            m, *routing = _moe(cfg, mp, h, replay)
+        else:
+            m, routing = _mlp(mp, h), None
+        return (_constrain(x + m, ("batch", "seq", "embed")), kv), routing
 
     kv = None if cache is None else (cache["k"], cache["v"])
-    router_logits = []
+    routing = []
     for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run: program size flat in depth
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
-        mlp_p = jax.tree.map(
-            lambda a: a[kind_start : kind_start + stop - start], params["moe" if is_moe else "mlp"]
-        )
+        kind = slice(kind_start, kind_start + stop - start)
+        mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
+        replay = routes[kind] if is_moe and routes is not None else None
         body = functools.partial(layer, is_moe=is_moe)
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
-        (x, kv), logits = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop)))
+        (x, kv), ys = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop), replay))
         if is_moe:
-            router_logits.append(logits)
+            routing.append(ys)
     hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
-    aux = {"router_logits": jnp.concatenate(router_logits)} if router_logits else {}
+    aux = {}
+    if routing:
+        names = ("router_logits", "routes", "router_entropy")
+        aux = {name: jnp.concatenate([r[j] for r in routing]) for j, name in enumerate(names)}
     if cache is not None:
-        cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
+        new_cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
+        if "routes" in cache:  # every token's experts, recorded as it is run (routing replay R3)
+            new_cache["routes"] = jax.lax.dynamic_update_slice_in_dim(cache["routes"], aux["routes"], index, axis=2)
+        cache = new_cache
     return hidden, cache, aux
 
 
@@ -367,9 +404,10 @@ def extend(
 ) -> tuple[Float[Array, "batch time embed"], Cache, dict[str, Array]]:
     """Runs T new tokens written at cache slots [index, index+T), attending causally to every
     earlier slot of the same segment id (0 = padding, never attended). Prefill: T = prompt length
-    at index 0; decode: T = 1. Returns (final normed hidden, updated cache, aux), where aux holds
-    `router_logits` [moe_layers, batch, time, experts] (float32) for MoE models. The caller keeps
-    index + T <= max_len (a traced index cannot be checked; XLA would clamp the write)."""
+    at index 0; decode: T = 1. Returns (final normed hidden, updated cache, aux), where aux is
+    `forward_with_aux`'s (MoE models: router logits, routes, router entropy of the T tokens; the
+    routes are also written to the cache's slots). The caller keeps index + T <= max_len (a traced
+    index cannot be checked; XLA would clamp the write)."""
     return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
 
 
@@ -380,13 +418,23 @@ def forward_with_aux(
     tokens: Int[ArrayLike, "batch seq"],
     positions: Int[ArrayLike, "batch seq"] | None = None,
     segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+    routes: Int[ArrayLike, "moe_layers batch seq k"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], dict[str, Array]]:
-    """`forward` that also returns aux (MoE router logits, for an auxiliary loss and routing metrics)."""
+    """`forward` that also returns aux; for MoE models `router_logits` [moe_layers, batch, seq,
+    experts] (float32), `routes` [moe_layers, batch, seq, k] (the experts the router picks) and
+    `router_entropy` [moe_layers, batch, seq]. `routes` given: routing replay, every token runs on
+    the given experts (see `_moe`), while aux still reports the router's own picks."""
     if segment_ids is None:
         segment_ids = jnp.ones_like(tokens, jnp.int32)
     if positions is None:
         positions = positions_from_segments(segment_ids)
-    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, None, 0)
+    if routes is not None:
+        want = (sum(cfg.moe_layers), *tokens.shape, cfg.num_experts_per_tok)
+        if not any(cfg.moe_layers):
+            raise ValueError(f"routes replay mixture-of-experts routing, but this {cfg.model_type} model has no MoE layer")
+        if tuple(routes.shape) != want:
+            raise ValueError(f"routes {tuple(routes.shape)} must be [moe_layers, batch, seq, k] = {want}")
+    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, None, 0, routes)
     return hidden, aux
 
 

@@ -10,7 +10,8 @@ with an index, as `transformers` does, so host memory holds one file's tensors a
 
 import json
 import pathlib
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

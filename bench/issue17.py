@@ -1,0 +1,57 @@
+"""The workload of issue 17, written once as a local Hugging Face model directory that grpo_jax, TRL
+and Tunix all load: a random Qwen3 of 4.2M parameters in float32 (vocab 4096, d 256, 4 layers,
+4 query / 2 kv heads of 64, FFN 768, tied embeddings) and a character tokenizer of 4096 ids (pad,
+bos, eos, unk, the characters of grpo_jax.data.CharTokenizer, then filler tokens), whose encoder
+adds BOS. Prompts are 3-digit sums ("123+456=": 9 tokens with BOS); 16 prompts x 8 completions of
+64 new tokens at temperature 1; GSPO (clips 3e-4 / 4e-4), beta 0, one AdamW update per rollout batch.
+
+Needs only packages every environment of bench/README.md has (torch, transformers, tokenizers).
+"""
+
+import pathlib
+
+VOCAB, PROMPTS, GROUP, PROMPT_LEN, NEW = 4096, 16, 8, 9, 64
+LEARNING_RATE, EPS_LOW, EPS_HIGH = 1e-5, 3e-4, 4e-4
+MODEL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=128,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/=().,?!:;'\"<>[]{}#$%\\^_\n"
+
+
+def write_model(path: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
+    """Writes the random model and tokenizer to `path` (once; kept if it already holds them)."""
+    path = pathlib.Path(path)
+    if (path / "config.json").exists() and (path / "tokenizer.json").exists():
+        return path
+    import tokenizers
+    import torch
+    import transformers
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    pieces = specials + list(CHARS)
+    pieces += [f"<t{i}>" for i in range(VOCAB - len(pieces))]
+    tok = tokenizers.Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tok.decoder = decoders.Fuse()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                                eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**MODEL))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def prompts(n: int, seed: int = 0) -> list[dict]:
+    """n problems "a+b=" with 3-digit a, b and their answers (the same for every framework)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(100, 999), rng.randint(100, 999)
+        out.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+    return out
