@@ -14,18 +14,16 @@ import dataclasses
 import json
 import pathlib
 import shutil
-import sys
 import time
 
 import jax
 import numpy as np
 
-HERE = pathlib.Path(__file__).parent
-sys.path.insert(0, str(HERE / "configs"))
+from grpo_jax import run
+from grpo_jax.train import load_config
+from warm_start import warm_start  # experiments/warm_start.py (a script's folder is on sys.path)
 
-from grpo_jax import run  # noqa: E402
-from quickstart import get_config  # noqa: E402  (experiments/configs/quickstart.py)
-from warm_start import warm_start  # noqa: E402  (experiments/warm_start.py)
+HERE = pathlib.Path(__file__).parent
 
 
 def main():
@@ -35,7 +33,7 @@ def main():
     args = parser.parse_args()
     results = args.results_dir
     start = time.perf_counter()
-    cfg = get_config()
+    cfg = load_config(HERE / "configs" / "quickstart.py")
     if args.seed is not None:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=args.seed))
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume

@@ -14,8 +14,10 @@ import types
 import typing
 
 from grpo_jax.algorithms.config import AlgorithmConfig  # noqa: F401  (re-export)
-from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig
+from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401  (re-export)
+from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
+from grpo_jax.lora import LoraConfig
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.rewards.functions import RewardConfig
 
@@ -93,19 +95,6 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class FileTaskConfig:
-    """A dataset in local files: GSM8K-format or MATH-format JSONL / parquet (grpo_jax.data.FORMATS)."""
-
-    format: str = "gsm8k"
-    path: str = ""  # training examples
-    eval_path: str = ""  # held-out examples
-
-    def __post_init__(self):
-        if not self.path or not self.eval_path:
-            raise ValueError("FileTaskConfig needs path (training file) and eval_path (held-out file)")
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The RL loop: rollout batches, inner iterations and minibatches, evaluation and checkpoints.
 
@@ -120,7 +109,11 @@ class TrainConfig:
     micro_batches: int = 1
     seed: int = 0
     eval_every: int = 0  # 0: evaluate only before the first and after the last step
-    eval_prompts: int = 64
+    eval_prompts: int = 64  # the first held-out examples (a task without a held-out set is not evaluated)
+    # Sampled completions per held-out prompt: eval/accuracy_sampled is their mean (avg@n), and
+    # eval/pass@k (k = 2, 4, ..., n) the unbiased pass@k. The greedy completion is evaluated besides.
+    eval_samples: int = 1
+    log_completions_every: int = 0  # write the step's completions to completions.jsonl every N steps (0: never)
     out_dir: str = "runs/default"
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
@@ -140,6 +133,8 @@ class TrainConfig:
             "micro_batches": (self.micro_batches >= 1, "must be >= 1 (accumulation slices of a minibatch)"),
             "eval_every": (self.eval_every >= 0, "must be >= 0 (0: evaluate before the first and after the last step)"),
             "eval_prompts": (self.eval_prompts >= 1, "must be >= 1"),
+            "eval_samples": (self.eval_samples >= 1, "must be >= 1 (sampled completions per held-out prompt)"),
+            "log_completions_every": (self.log_completions_every >= 0, "must be >= 0 (0: never)"),
             "out_dir": (bool(self.out_dir), "must name the run's directory"),
             "checkpoint_every": (self.checkpoint_every >= 1, "must be >= 1 (steps between checkpoints)"),
             "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
@@ -173,17 +168,20 @@ class Config:
     model: ModelConfig | None = None
     model_path: str = ""
     model_options: ModelOptions = ModelOptions()  # with model_path; from scratch, set them on `model`
+    lora: LoraConfig = LoraConfig()  # rank 0: train every weight; > 0: only low-rank adapters (grpo_jax/lora.py)
     tokenizer: str = ""  # "char" (grpo_jax.data.CharTokenizer), or an HF dir / sentencepiece file; "": model_path
     mesh: MeshConfig = MeshConfig()
     sampling: SamplingConfig = SamplingConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
-    task: ArithmeticConfig | CountdownConfig | FileTaskConfig = ArithmeticConfig()  # its type picks the task
+    task: TaskConfig = ArithmeticConfig()  # a registered task (grpo_jax.data.TASKS); --set task=NAME picks one
     template: PromptTemplate = PLAIN
     reward: RewardConfig = RewardConfig(names=("exact",))
     train: TrainConfig = TrainConfig()
 
     def __post_init__(self):
+        if not isinstance(self.task, TaskConfig):
+            raise TypeError(f"Config.task={self.task!r} is not a task config: use a registered one (grpo_jax.data.TASKS)")
         if (self.model is None) == (not self.model_path):
             raise ValueError("set exactly one of Config.model (from scratch) and Config.model_path (HF dir)")
         if self.model is not None and self.model_options != ModelOptions():
@@ -210,10 +208,12 @@ def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None
 
 def flatten(cfg) -> dict:
     """A config as flat {"train.steps": 100, ...} with JSON values (tuples as lists): what a checkpoint
-    stores, and what `resume_changes` compares."""
+    stores, and what `resume_changes` compares. A task appears by name too ("task": "countdown")."""
     def walk(obj, prefix):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
+            if isinstance(value, TaskConfig):
+                yield f"{prefix}{f.name}", task_name(value)
             if dataclasses.is_dataclass(value):
                 yield from walk(value, f"{prefix}{f.name}.")
             else:
@@ -228,7 +228,8 @@ def flatten(cfg) -> dict:
 # Mesh and kernel choices keep the math but not the rounding: the continuation matches to float tolerance.
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
-    "train.export_hf", "train.max_skipped_steps", "train.compilation_cache_dir", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
+    "train.compilation_cache_dir", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
 )
 
@@ -250,27 +251,41 @@ def override(cfg, assignments: list[str]):
     """Applies `key.path=value` strings (the CLI's --set) to a config; values parse by the field's type.
 
     All assignments to one dataclass apply together and it is validated once, so fields that must
-    agree (reward.names and reward.weights) change together. `X.preset=NAME` rebuilds X from its
-    class's `from_preset(NAME)` (e.g. algorithm.preset=gspo) before X's other assignments, so explicit
-    fields always win. A key that is not a field is an error suggesting the nearest field names.
+    agree (reward.names and reward.weights) change together. A whole value comes before the fields
+    set inside it, so explicit fields always win: `X.preset=NAME` rebuilds X from its class's
+    `from_preset(NAME)` (e.g. algorithm.preset=gspo), and `X=NAME` on a field whose type has
+    `from_name` (the task) builds that registered kind (e.g. task=countdown, then task.max_number=50).
+    A key that is not a field is an error suggesting the nearest field names.
     """
     tree: dict = {}
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise ValueError(f"--set {assignment!r}: expected key=value, e.g. train.steps=100")
         *parents, leaf = key.strip().split(".")
         node = tree
         for name in parents:
+            if isinstance(node.get(name), tuple):  # set as a whole, then inside: keep both, whole first
+                node[name] = {WHOLE: node[name]}
             node = node.setdefault(name, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {key.strip()}: {name} is also set as a whole")
-        node[leaf] = (key.strip(), text.strip())
+        if isinstance(node.get(leaf), dict):
+            node[leaf][WHOLE] = (key.strip(), text.strip())
+        else:
+            node[leaf] = (key.strip(), text.strip())
     return _apply(cfg, tree, "")
+
+
+WHOLE = ""  # the key of a subtree's whole-value assignment (`task=countdown` beside `task.max_number=50`)
 
 
 def _apply(obj, tree: dict, prefix: str):
     """`obj` with the assignments of `tree` ({field: subtree | (key, text)}) applied, validated once."""
+    if WHOLE in tree:  # (key, text, the field's type)
+        key, text, hint = tree.pop(WHOLE)
+        obj = _parse_field(key, text, hint)
+        if not dataclasses.is_dataclass(obj):
+            raise ValueError(f"--set {key}={text} leaves no fields to set, but {', '.join(prefix + k for k in tree)} "
+                             "are set too; drop them")
     if not dataclasses.is_dataclass(obj):
         raise ValueError(f"--set {prefix}...: {type(obj).__name__} has no fields to set")
     if "preset" in tree and hasattr(obj, "from_preset"):
@@ -282,25 +297,42 @@ def _apply(obj, tree: dict, prefix: str):
             near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
             hint = f"did you mean {' or '.join(repr(n) for n in near)}?" if near else f"fields: {', '.join(names)}"
             raise ValueError(f"--set {prefix}{name}: {type(obj).__name__} has no field {name!r}; {hint}")
+        hint = typing.get_type_hints(type(obj))[name]
         if isinstance(sub, dict):
+            if WHOLE in sub:
+                sub = {**sub, WHOLE: (*sub[WHOLE], hint)}
             changes[name] = _apply(getattr(obj, name), sub, f"{prefix}{name}.")
-            continue
-        key, text = sub
-        try:
-            changes[name] = _parse(text, typing.get_type_hints(type(obj))[name])
-        except ValueError as e:
-            raise ValueError(f"--set {key}={text}: {e}") from None
+        else:
+            changes[name] = _parse_field(*sub, hint)
     return dataclasses.replace(obj, **changes)
 
 
+def _parse_field(key: str, text: str, hint):
+    try:
+        return _parse(text, hint)
+    except ValueError as e:
+        raise ValueError(f"--set {key}={text}: {e}") from None
+
+
 def _parse(text: str, hint):
-    """Parses `text` as a value of type `hint` (bool, int, float, str, tuple[X, ...], X | None)."""
+    """Parses `text` as a value of type `hint` (bool, int, float, str, tuple[X, ...], a union of them, or
+    a class with `from_name`, such as the task); a union takes the first member that parses."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if text.lower() == "none" and type(None) in args:
             return None
-        (hint,) = [a for a in args if a is not type(None)]
-        return _parse(text, hint)
+        errors = []
+        for member in (a for a in args if a is not type(None)):
+            try:
+                return _parse(text, member)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(" or ".join(dict.fromkeys(errors)))
+    if hasattr(hint, "from_name"):
+        try:
+            return hint.from_name(text)
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
     if origin is tuple:
         return tuple(_parse(t.strip(), args[0]) for t in text.split(",") if t.strip())
     if hint is bool:

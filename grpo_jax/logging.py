@@ -1,21 +1,28 @@
-"""Run logs: a console progress bar, metrics.jsonl, TensorBoard events and a PNG of the main curves.
+"""Run logs: a console progress bar, metrics.jsonl, TensorBoard events and a PNG of the main curves;
+completions.jsonl (sampled completions every N steps) and held_out.jsonl (per-example results of the
+final evaluation).
 
 Only process 0 writes; on other processes every method is a no-op, so the host loop calls them
 unconditionally. Metrics arrive as flat dicts of Python floats (fetched once per step), one row per
-step. metrics.jsonl is the record: a resumed run first drops the rows an earlier process logged past
-the checkpoint it resumes from (they will be logged again) and rewrites TensorBoard's events from the
-rows kept, so every view holds each step once; the curves are drawn from the whole record. Rows reach
-both files synchronously, before the step's checkpoint is saved (tensorboardX's SummaryWriter queues
-events in a thread, and a kill lost them), so a kill never loses a step that a checkpoint holds.
+step, with optional arrays summarized as TensorBoard histograms (kept in histograms.jsonl).
+metrics.jsonl is the record: a resumed run first drops the rows an earlier process logged past
+the checkpoint it resumes from (they will be logged again), from every JSONL file alike, and
+rewrites TensorBoard's events from the rows kept, so every view holds each step once; the curves are
+drawn from the whole record. Rows reach the files synchronously, before the step's checkpoint is
+saved (tensorboardX's SummaryWriter queues events in a thread, and a kill lost them), so a kill
+never loses a step that a checkpoint holds.
 """
 
 import json
 import os
 import pathlib
 import shutil
+import struct
 import time
+from collections.abc import Sequence
 
 import jax
+import numpy as np
 
 # The curves of the final plot, in panel order; a panel is drawn only if its metric was logged.
 PLOT_PANELS = (
@@ -26,6 +33,8 @@ PLOT_PANELS = (
     ("kl_k3_mean", "entropy_mean"),
     ("grad_norm",),
 )
+# The resume-safe logs: rows of step <= the resumed checkpoint's are kept, the rest dropped.
+JSONL = ("metrics.jsonl", "histograms.jsonl", "completions.jsonl")
 # Shown on the progress bar.
 BAR_KEYS = ("reward/mean", "accuracy", "completion/length_mean", "eval/accuracy_greedy")
 
@@ -41,8 +50,34 @@ def read_rows(path: str | pathlib.Path) -> list[dict]:
     return rows
 
 
+def read_events(directory: str | pathlib.Path) -> list:
+    """Every TensorBoard event (tensorboardX's `Event` protos) of the event files in `directory`, in
+    file order; raises on a truncated record."""
+    from tensorboardX.proto import event_pb2
+
+    events = []
+    for path in sorted(pathlib.Path(directory).glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):  # records: length (8 bytes), its crc (4), the event, its crc (4)
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            if at + 12 + length + 4 > len(data):
+                raise ValueError(f"{path}: truncated record at byte {at}")
+            events.append(event_pb2.Event.FromString(data[at + 12:at + 12 + length]))
+            at += 12 + length + 4
+    return events
+
+
+def _rewrite(path: pathlib.Path, rows: list[dict]) -> None:
+    """`path` holding exactly `rows`, replaced atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
-    """Writes `out_dir/metrics.jsonl`, `out_dir/tensorboard/` and, on close, `out_dir/curves.png`.
+    """Writes `out_dir/metrics.jsonl`, `out_dir/tensorboard/` (its histograms kept in
+    `out_dir/histograms.jsonl`), `out_dir/completions.jsonl`, `out_dir/held_out.jsonl` and, on close,
+    `out_dir/curves.png`.
 
     `resume_step` is the step of the checkpoint the run continues from (None: a fresh run, which
     keeps no earlier rows)."""
@@ -50,44 +85,72 @@ class MetricsLogger:
     def __init__(self, out_dir: str | pathlib.Path, total_steps: int, resume_step: int | None = None):
         self.enabled = jax.process_index() == 0
         self.out_dir = pathlib.Path(out_dir)
-        path = self.out_dir / "metrics.jsonl"
         keep = -1 if resume_step is None else resume_step
-        self.history = [r for r in read_rows(path) if r["step"] <= keep]
+        self.history = [r for r in read_rows(self.out_dir / "metrics.jsonl") if r["step"] <= keep]
         if not self.enabled:
             return
         import tqdm
         from tensorboardX.event_file_writer import EventsWriter
 
+        kept = {name: [r for r in read_rows(self.out_dir / name) if r["step"] <= keep] for name in JSONL}
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history))
-        os.replace(tmp, path)
-        self.jsonl = open(path, "a")
+        self.files = {}
+        for name, rows in kept.items():
+            _rewrite(self.out_dir / name, rows)
+            self.files[name] = open(self.out_dir / name, "a")
         shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
         (self.out_dir / "tensorboard").mkdir()
         self.tb = EventsWriter(str(self.out_dir / "tensorboard" / "events"))
         for row in self.history:
-            self._tensorboard(row)
+            self._tensorboard(row["step"], scalars=row)
+        for row in kept["histograms.jsonl"]:
+            self._tensorboard(row["step"], histograms=row)
         self.bar = tqdm.tqdm(total=total_steps, initial=max(keep, 0), dynamic_ncols=True)
 
-    def _tensorboard(self, row: dict) -> None:
-        """One event holding the row's scalars, written and flushed (fsync) before returning."""
+    def _tensorboard(self, step: int, scalars: dict | None = None, histograms: dict | None = None) -> None:
+        """One event holding a row's scalars or histograms, written and flushed (fsync) before returning."""
+        from google.protobuf import json_format
         from tensorboardX.proto import event_pb2, summary_pb2
 
-        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in row.items() if k != "step"]
-        self.tb.write_event(event_pb2.Event(wall_time=time.time(), step=row["step"], summary=summary_pb2.Summary(value=values)))
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in (scalars or {}).items() if k != "step"]
+        values += [summary_pb2.Summary.Value(tag=k, histo=json_format.ParseDict(v, summary_pb2.HistogramProto()))
+                   for k, v in (histograms or {}).items() if k != "step"]
+        self.tb.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
         self.tb.flush()
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def _append(self, name: str, rows: list[dict]) -> None:
+        self.files[name].write("".join(json.dumps(r) + "\n" for r in rows))
+        self.files[name].flush()
+
+    def log(self, step: int, metrics: dict[str, float], histograms: dict[str, Sequence[float] | np.ndarray] | None = None) -> None:
+        """The step's row of scalars, and TensorBoard histograms of the `histograms` values."""
         if not self.enabled:
             return
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.history.append(row)
-        self.jsonl.write(json.dumps(row) + "\n")
-        self.jsonl.flush()
-        self._tensorboard(row)
+        self._append("metrics.jsonl", [row])
+        self._tensorboard(step, scalars=row)
+        if histograms:
+            from google.protobuf import json_format
+            from tensorboardX.summary import make_histogram
+
+            hist = {"step": step, **{k: json_format.MessageToDict(make_histogram(np.asarray(v, np.float64), "auto"))
+                                     for k, v in histograms.items() if np.size(v)}}
+            self._append("histograms.jsonl", [hist])
+            self._tensorboard(step, histograms=hist)
         self.bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3g}" for k in BAR_KEYS if k in row})
         self.bar.update(step - self.bar.n)
+
+    def log_completions(self, step: int, records: list[dict]) -> None:
+        """Appends the step's completions (dicts of JSON values) to completions.jsonl."""
+        if self.enabled:
+            self._append("completions.jsonl", [{"step": step, **r} for r in records])
+
+    def write_held_out(self, step: int, records: list[dict]) -> None:
+        """held_out.jsonl: one row per held-out example, as evaluated at `step` (the run's last),
+        replacing any earlier."""
+        if self.enabled:
+            _rewrite(self.out_dir / "held_out.jsonl", [{"step": step, **r} for r in records])
 
     def message(self, text: str) -> None:
         """A line on the console that leaves the progress bar intact."""
@@ -100,7 +163,8 @@ class MetricsLogger:
             return
         self.bar.close()
         self.tb.close()
-        self.jsonl.close()
+        for f in self.files.values():
+            f.close()
         plot_curves(self.history, self.out_dir / "curves.png")
 
 

@@ -10,6 +10,7 @@ metrics cross jit boundaries and `lax.scan` as (value, weight) leaves.
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -19,6 +20,7 @@ from jaxtyping import Array, Float
 REDUCTIONS = ("mean", "sum", "max", "min")
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Metric:

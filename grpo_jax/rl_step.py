@@ -11,7 +11,7 @@ recorded).
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -153,10 +153,10 @@ def jit_rl_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, stat
     """
     alg = cfg.algorithm
     ts.check(cfg)
-    if alg.dynamic_sampling or alg.beta > 0 or alg.overlong_buffer_frac:
+    if alg.dynamic_sampling or alg.beta > 0 or alg.overlong_buffer_frac or cfg.lora.rank:
         raise ValueError(
-            "the fused rl_step supports neither algorithm.dynamic_sampling, beta > 0 nor overlong "
-            "shaping (they need the host loop or a reference model): use grpo_jax.trainer"
+            "the fused rl_step supports neither algorithm.dynamic_sampling, beta > 0, overlong shaping nor "
+            "LoRA (they need the host loop or frozen params): use grpo_jax.trainer"
         )
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     compiled = {}

@@ -21,7 +21,6 @@ import threading
 import time
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 
 from grpo_jax import checkpoint, trainer
 from grpo_jax import train_step as ts
@@ -80,27 +79,29 @@ class SkipWatch:
 
 
 def _evals(row: dict | None) -> dict | None:
-    return None if row is None else {k: v for k, v in row.items() if k.startswith("eval/")}
+    return {k: v for k, v in (row or {}).items() if k.startswith("eval/")} or None
 
 
 def use_compilation_cache(path: str) -> None:
     """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
-    the small host-side ones add up on the first step), or leaves it off for ""."""
+    the small host-side ones add up on the first step), or leaves it off for "". JAX opens the cache
+    at the first compilation and keeps that directory for the rest of the process (resetting it under
+    a live process crashed XLA:CPU's executable serialization in the test suite), so in one process
+    the first run's directory is the one used."""
     if path:
-        path = str(pathlib.Path(path).expanduser())
-        if jax.config.jax_compilation_cache_dir != path:
-            compilation_cache.reset_cache()  # a cache opened earlier in this process would keep its directory
-        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def train(cfg: Config, params=None) -> dict:
-    """Runs (or resumes) a whole RL run; returns the first and last evaluation, the wall time and the
-    final params. Compiled programs are cached in `train.compilation_cache_dir` (use_compilation_cache)."""
+def train(cfg: Config, params=None, **data) -> dict:
+    """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
+    set), the wall time and the final params. `data`: examples, held_out and rewards passed in code
+    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir`
+    (use_compilation_cache)."""
     start = time.perf_counter()
     use_compilation_cache(cfg.train.compilation_cache_dir)
-    t = trainer.Trainer(cfg, params)
+    t = trainer.Trainer(cfg, params, **data)
     cfg, tr = t.cfg, t.cfg.train
     out = pathlib.Path(tr.out_dir)
     ckpt = checkpoint.Checkpointer(out / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
@@ -117,10 +118,12 @@ def train(cfg: Config, params=None) -> dict:
             first, last = _evals(rows.get(0)), _evals(rows.get(t.step))
     finally:
         ckpt.close()
-    if tr.export_hf and jax.process_index() == 0:
-        checkpoint.export_hf(cfg.model, t.state.params, out / "hf", tokenizer_dir=t.source_path)
+    if tr.export_hf:
+        policy = t.export_params()  # on every process: under LoRA a computation over the global arrays
+        if jax.process_index() == 0:
+            checkpoint.export_hf(cfg.model, policy, out / "hf", tokenizer_dir=t.source_path)
     return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
-            "params": t.state.params}
+            "params": t.state.params}  # the trained params (under LoRA: the adapters)
 
 
 def check_resume(saved: dict, cfg: Config, directory: pathlib.Path) -> None:
@@ -145,15 +148,19 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
     skips = SkipWatch(tr.max_skipped_steps * updates_per_step)
     with Interrupts() as interrupts:
         try:
-            if t.step == 0 and not logger.history:
+            if t.step == 0 and not logger.history and t.task.held_out is not None:
                 first = t.evaluate()
                 logger.log(0, first)
             while t.step < tr.steps and interrupts.signum is None:
                 metrics, updates = t.train_step()
-                if t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0):
-                    last = t.evaluate()
+                if t.task.held_out is not None and (t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0)):
+                    last, examples = t.evaluate_examples()
                     metrics.update(last)
-                logger.log(t.step, metrics)
+                    if t.step == tr.steps:
+                        logger.write_held_out(t.step, examples)
+                if tr.log_completions_every and t.step % tr.log_completions_every == 0:
+                    logger.log_completions(t.step, t.completion_records())
+                logger.log(t.step, metrics, t.rollout_histograms())
                 stop = skips.observe(t.step, updates)
                 if stop:
                     raise RuntimeError(stop)

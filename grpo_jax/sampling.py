@@ -8,6 +8,7 @@ same samples whatever the batch composition or the sharding.
 
 import dataclasses
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from grpo_jax.config import ModelConfig, SamplingConfig
 from grpo_jax.models.decoder import Cache
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prompts:
@@ -29,6 +31,7 @@ class Prompts:
     lengths: Int[Array, "prompt"]
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Rollout:

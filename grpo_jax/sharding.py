@@ -118,9 +118,14 @@ def param_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
     A leaf whose key path ends like a parameter's path (e.g. `...mu['layers']['q']`) and has that
     parameter's shape is sharded like it; every other leaf (step counts, scalars) is replicated.
     """
+    return tree_shardings(tree, param_specs(cfg), mesh)
+
+
+def tree_shardings(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """`param_shardings` against any ParamSpec pytree (e.g. LoRA adapters, `grpo_jax.lora.specs`)."""
     by_path = {
         _names(p): s
-        for p, s in jax.tree.flatten_with_path(param_specs(cfg), is_leaf=is_spec)[0]
+        for p, s in jax.tree.flatten_with_path(specs, is_leaf=is_spec)[0]
     }
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -178,4 +183,5 @@ __all__ = [
     "param_shardings",
     "shard_params",
     "spec_shardings",
+    "tree_shardings",
 ]

@@ -10,11 +10,17 @@ tokenizer has no chat template.
 """
 
 import pathlib
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from jaxtyping import Int
 
 ChatTemplate = Callable[[list[dict[str, str]]], str]
+TokenIds = Sequence[int] | Int[np.ndarray, " n"]  # a list, or a row of a rollout's token array
 
 
+@runtime_checkable  # so that a checker can test what `load` returns
 class Tokenizer(Protocol):
     eos_id: int
     pad_id: int
@@ -23,7 +29,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: TokenIds) -> str: ...
 
 
 class HFTokenizer:
@@ -44,7 +50,7 @@ class HFTokenizer:
         bos = self._tok.bos_token
         return self._tok.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: TokenIds) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def _chat(self, messages: list[dict[str, str]]) -> str:
@@ -69,7 +75,7 @@ class SentencePieceTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def decode(self, ids: TokenIds) -> str:
         return self._sp.decode([int(i) for i in ids])
 
 

@@ -1,26 +1,54 @@
 """Command line: `python -m grpo_jax.train --config experiments/configs/NAME.py --set key.path=value ...`.
 
 An experiment config is a Python file whose `get_config()` returns a `grpo_jax.config.Config`
-(config as code); `--set` overrides any field, parsed by the field's type. A run resumes from the
-latest intact checkpoint in `train.out_dir` if there is one (grpo_jax/run.py); Ctrl-C or SIGTERM
-saves the step in flight and exits with 130 or 143.
+(config as code); `--set` overrides any field, parsed by the field's type. A config builds on
+another of its folder by a relative import (`from .gsm8k import get_config as base`), with no
+sys.path edits. A run resumes from the latest intact checkpoint in `train.out_dir` if there is one
+(grpo_jax/run.py); Ctrl-C or SIGTERM saves the step in flight and exits with 130 or 143.
 """
 
 import argparse
+import hashlib
 import importlib.util
 import pathlib
 import sys
+import types
 
 from grpo_jax.config import Config, override
 
 
+def _config_package(directory: pathlib.Path) -> str:
+    """The name of a package standing for a config folder (created once): config files load as its
+    modules, so `from .base import get_config` finds base.py beside them."""
+    name = "grpo_jax_configs_" + hashlib.sha256(str(directory).encode()).hexdigest()[:12]
+    if name not in sys.modules:
+        package = types.ModuleType(name, f"the config folder {directory}")
+        package.__path__ = [str(directory)]
+        sys.modules[name] = package
+    return name
+
+
 def load_config(path: str | pathlib.Path) -> Config:
-    path = pathlib.Path(path)
+    """The Config that `get_config()` of the Python file `path` returns. The file runs once per content
+    in a process (what it registers, e.g. a reward, is registered once)."""
+    path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"--config {path}: no such file (configs live in experiments/configs/)")
-    spec = importlib.util.spec_from_file_location(f"grpo_jax_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    name = f"{_config_package(path.parent)}.{path.stem}"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    module = sys.modules.get(name)
+    if module is not None and not hasattr(module, "__digest__"):  # imported by a sibling config just now
+        module.__digest__ = digest
+    if getattr(module, "__digest__", None) != digest:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        module.__digest__ = digest
+        sys.modules[name] = module  # the module a sibling's relative import of it finds
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
     if not hasattr(module, "get_config"):
         raise AttributeError(f"--config {path}: define get_config() returning a grpo_jax.config.Config")
     cfg = module.get_config()

@@ -17,22 +17,25 @@ are `grpo_jax.metrics.Metric`s: counters are sums, so merging a step's updates a
 
 import dataclasses
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 
 import kernels
-from grpo_jax import algorithms, models, routing, sharding
+from grpo_jax import algorithms, lora, models, routing, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax.config import Config, OptimConfig
 from grpo_jax.metrics import Metric
+from grpo_jax.typecheck import checked
 
 # Per-update flags, summed over a step's updates: why an update was not applied.
 SKIP_CAUSES = ("nonfinite_loss", "nonfinite_grad", "nonfinite_params")
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Batch:
@@ -53,6 +56,7 @@ class Batch:
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
@@ -113,10 +117,11 @@ def check(cfg: Config) -> None:
         )
 
 
+@checked  # a public entry point: misshapen inputs are named, with their axes
 def sequences(
-    prompt_tokens: Int[Array, "batch prompt_len"],
-    prompt_lengths: Int[Array, "batch"],
-    completions: Int[Array, "batch new"],
+    prompt_tokens: Int[ArrayLike, "batch prompt_len"],
+    prompt_lengths: Int[ArrayLike, "batch"],
+    completions: Int[ArrayLike, "batch new"],
 ) -> tuple[Int[Array, "batch seq"], Int[Array, "batch seq"], Int[Array, "batch seq"]]:
     """(tokens, positions, segment_ids) of left-padded prompts followed by their completions."""
     tokens = jnp.concatenate([prompt_tokens, completions], axis=1)
@@ -126,6 +131,7 @@ def sequences(
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 7))
+@checked  # checked when traced
 def completion_logprobs(
     model_cfg: models.ModelConfig,
     temperature: float,
@@ -204,7 +210,8 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
     replayed = _replayed_routes(cfg, batch)
     # Entropy is reported every step, not only when it is a loss term.
-    logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature, params, batch.tokens,
+    logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature,
+                                             lora.policy_params(cfg.lora, params, ref_params), batch.tokens,
                                              batch.positions, batch.segment_ids, batch.mask, True, replayed)
     old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
@@ -273,7 +280,10 @@ def train_step(
     batch: Batch,
 ) -> tuple[TrainState, dict[str, Metric]]:
     """One optimizer update on `batch` (pure; `jit_train_step` compiles it). Returns the new state and
-    the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates)."""
+    the update's metrics (`metrics.finalize` reads them; `metrics.combine` merges updates).
+
+    `ref_params` are the frozen params: the reference when beta > 0 (None otherwise); with LoRA, the
+    base the trained adapters (`state.params`) attach to, which is the reference too."""
     k = cfg.train.micro_batches
     if batch.old_logp is None and not on_policy(cfg):
         raise ValueError(
@@ -290,7 +300,7 @@ def train_step(
     micro = _micro_batches(batch, k)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
-        stats = _step_stats(cfg, state.params, batch, micro, state.step)
+        stats = _step_stats(cfg, lora.policy_params(cfg.lora, state.params, ref_params), batch, micro, state.step)
     grad_fn = jax.value_and_grad(functools.partial(_loss, cfg), has_aux=True)
 
     def accumulate(grads, xs):
@@ -357,7 +367,8 @@ def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, s
 
 @functools.lru_cache(maxsize=None)
 def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh):
-    """(optimizer, state sharding, reference-params sharding or None, jitted step) for a run.
+    """(optimizer, state sharding, frozen-params sharding or None, jitted step) for a run. With LoRA the
+    state holds the adapters and the frozen params are the base.
 
     Cached on (config, schedule length, mesh), so runs that share them (a resume in the same
     process, a sweep over seeds) share one compilation.
@@ -365,7 +376,13 @@ def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh
     check(cfg)
     optimizer = make_optimizer(cfg.optim, total_updates)
     params = jax.eval_shape(lambda key: models.init(cfg.model, key), jax.random.key(0))
-    state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
-    state_sharding = sharding.param_shardings(state, cfg.model, mesh)
-    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if cfg.algorithm.beta > 0 else None
+    if cfg.lora.rank:
+        trainable = jax.eval_shape(lambda key: lora.init(cfg.model, cfg.lora, key), jax.random.key(0))
+        state = jax.eval_shape(lambda p: init_state(p, optimizer), trainable)
+        state_sharding = sharding.tree_shardings(state, lora.specs(cfg.model, cfg.lora), mesh)
+    else:
+        state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
+        state_sharding = sharding.param_shardings(state, cfg.model, mesh)
+    frozen = cfg.algorithm.beta > 0 or cfg.lora.rank
+    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if frozen else None
     return optimizer, state_sharding, ref_sharding, jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)

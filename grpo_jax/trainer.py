@@ -12,7 +12,11 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
-4. evaluate on held-out prompts (greedy and sampled accuracy).
+4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: `grpo_jax.evaluation`).
+
+The examples and rewards come from the config (a registered task, registered reward names) or are
+passed in code: `Trainer(cfg, examples=[...], held_out=[...], rewards={"name": fn})` with
+`cfg.task = data.Examples()`.
 
 The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_jax/run.py`.
 """
@@ -22,28 +26,26 @@ import json
 import math
 import pathlib
 import time
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, models, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, FileTaskConfig, ModelOptions, check_routing_replay, flatten
-
-# Rewards that score correctness: the first of these in the run is its "accuracy".
-CORRECTNESS_REWARDS = ("exact", "math", "countdown")
-TRAIN_SOURCE_SIZE = 1_000_000  # synthetic tasks draw example i lazily; this only bounds the index
+from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
+from grpo_jax.rewards import scoring
 
 
 @dataclasses.dataclass
 class Task:
-    train: object  # random-access examples (dicts with "prompt", "answer", ...)
-    held_out: object
+    train: data.Source  # random-access examples (dicts with "prompt", "answer", ...)
+    held_out: list[dict] | None  # the first train.eval_prompts held-out examples; None: no evaluation
     tokenizer: object
-    reward_fns: tuple
+    rewards: tuple[rewards.Reward, ...]  # in the order of cfg.reward.names
 
 
 def load_tokenizer(cfg: Config):
@@ -55,18 +57,26 @@ def load_tokenizer(cfg: Config):
     return tokenizer.load(name)
 
 
-def build_task(cfg: Config) -> Task:
-    t = cfg.task
-    if isinstance(t, data.ArithmeticConfig):
-        train = data.Arithmetic(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
-        held_out = data.Arithmetic(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
-    elif isinstance(t, data.CountdownConfig):
-        train = data.Countdown(t, "train", TRAIN_SOURCE_SIZE, seed=cfg.train.seed)
-        held_out = data.Countdown(t, "held_out", cfg.train.eval_prompts, seed=cfg.train.seed)
-    else:
-        train = data.load_examples(t.path, t.format)
-        held_out = data.load_examples(t.eval_path, t.format)[: cfg.train.eval_prompts]
-    return Task(train, held_out, load_tokenizer(cfg), cfg.reward.functions(cfg.sampling.max_new_tokens))
+def build_task(
+    cfg: Config,
+    examples: data.Source | None = None,
+    held_out: data.Source | None = None,
+    reward_fns: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
+) -> Task:
+    """The run's examples (from `cfg.task`, or passed in code with task=data.Examples()), tokenizer and
+    rewards (`cfg.reward.names`: registered, or among `reward_fns`)."""
+    if examples is None and held_out is not None:
+        raise ValueError("held_out was passed without examples: pass the training examples too (examples=...)")
+    if examples is not None and not isinstance(cfg.task, data.Examples):
+        raise ValueError(f"examples passed in code need Config.task=data.Examples(label); Config.task names the task "
+                         f"{data.task_name(cfg.task)!r}, which brings its own")
+    train, held = (examples, held_out) if examples is not None else cfg.task.sources(cfg.train.seed)
+    if held is not None:
+        held = [held[i] for i in range(min(len(held), cfg.train.eval_prompts))]
+    run_rewards = cfg.reward.rewards(cfg.sampling.max_new_tokens, reward_fns)
+    if cfg.reward.num_workers:
+        scoring.check_sendable({n: r.fn for n, r in zip(cfg.reward.names, run_rewards)})
+    return Task(train, held or None, load_tokenizer(cfg), run_rewards)
 
 
 def check(cfg: Config) -> None:
@@ -92,15 +102,14 @@ def check(cfg: Config) -> None:
 
 
 def check_prompts(cfg: Config, task: Task) -> None:
-    """Every prompt of a training file and of the held-out set fits `sampling.max_prompt_len` (checked
-    up front: otherwise a bad record fails only when drawn, mid-run). Synthetic training tasks are
-    endless; their prompts are checked as each batch is drawn."""
+    """Every prompt of the training examples and of the held-out set fits `sampling.max_prompt_len`
+    (checked up front: otherwise a bad record fails only when drawn, mid-run). Generated (synthetic)
+    training tasks are endless; their prompts are checked as each batch is drawn."""
     tok, width = task.tokenizer, cfg.sampling.max_prompt_len
     chat = getattr(tok, "apply_chat_template", None)
-    file_task = isinstance(cfg.task, FileTaskConfig)
-    sets = [(task.held_out, cfg.task.eval_path if file_task else "the held-out set")]
-    if file_task:
-        sets.append((task.train, cfg.task.path))
+    sets = [] if task.held_out is None else [(task.held_out, cfg.task.describe("held_out"))]
+    if not cfg.task.generated:
+        sets.append((task.train, cfg.task.describe("train")))
     for examples, source in sets:
         for i in range(len(examples)):
             where = f"{source}: example {i} (prompt {examples[i]['prompt'][:40]!r})"
@@ -114,12 +123,21 @@ def check_prompts(cfg: Config, task: Task) -> None:
 
 
 class Trainer:
-    """Holds the mesh, the compiled pieces and the train state of one run."""
+    """Holds the mesh, the compiled pieces and the train state of one run. `examples`, `held_out` and
+    `rewards` pass the data and reward functions in code (see `build_task`)."""
 
-    def __init__(self, cfg: Config, params=None):
+    def __init__(
+        self,
+        cfg: Config,
+        params=None,
+        *,
+        examples: data.Source | None = None,
+        held_out: data.Source | None = None,
+        rewards: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
+    ):
         check(cfg)
         self.mesh = sharding.make_mesh(cfg.mesh)
-        self.task = build_task(cfg)
+        self.task = build_task(cfg, examples, held_out, rewards)
         check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
         if cfg.model_path:
@@ -137,7 +155,8 @@ class Trainer:
                 f"{cfg.model.vocab_size}: Config.tokenizer does not belong to this model"
             )
         shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
-        for name, n in (("a minibatch", self.rows // tr.minibatches), ("train.eval_prompts", tr.eval_prompts)):
+        evals = (("train.eval_prompts", tr.eval_prompts),) if self.task.held_out is not None else ()
+        for name, n in (("a minibatch", self.rows // tr.minibatches), *evals):
             if n % shards:
                 raise ValueError(
                     f"{name} of {n} rows does not split over the {shards} devices of the batch mesh axes "
@@ -148,13 +167,28 @@ class Trainer:
         self.optimizer, self.state_sharding, ref_sharding, self.update = ts.compiled_train_step(
             cfg, self.total_updates, self.mesh
         )
-        self.state = jax.device_put(ts.init_state(params, self.optimizer), self.state_sharding)
-        # beta = 0: no reference params exist at all. A copy, because the train state is donated.
-        self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
+        if cfg.lora.rank:  # train adapters only; the base stays frozen (and is the reference if beta > 0)
+            trainable = lora.init(cfg.model, cfg.lora, jax.random.fold_in(jax.random.key(tr.seed), 1))
+            self.ref_params = jax.device_put(params, ref_sharding)
+        else:
+            trainable = params
+        self.state = jax.device_put(ts.init_state(trainable, self.optimizer), self.state_sharding)
+        if not cfg.lora.rank:  # beta = 0: no reference params exist at all. A copy, as the train state is donated.
+            self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
         self.rng = jax.random.key(cfg.train.seed)
         self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
         self.position = 0  # prompt batches consumed
         self.step = 0
+
+    @property
+    def policy_params(self):
+        """The params the policy samples and is scored with: the trained params, or under LoRA the frozen
+        base with the trained adapters attached."""
+        return lora.policy_params(self.cfg.lora, self.state.params, self.ref_params)
+
+    def export_params(self):
+        """The policy as plain params (under LoRA, the adapters merged into the base), for HF export."""
+        return lora.merge(self.ref_params, self.state.params, self.cfg.lora) if self.cfg.lora.rank else self.state.params
 
     # -- rollouts --------------------------------------------------------------------------------
 
@@ -169,7 +203,7 @@ class Trainer:
         texts, prompts = self._prompts(examples)
         prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
         t0 = time.perf_counter()
-        rollout = sampling.generate(self.cfg.model, self.state.params, prompts, rng, sampling_cfg, self.mesh)
+        rollout = sampling.generate(self.cfg.model, self.policy_params, prompts, rng, sampling_cfg, self.mesh)
         if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes leave the device only for R3
             rollout = dataclasses.replace(rollout, routes=None)
         rollout = jax.device_get(jax.block_until_ready(rollout))
@@ -178,7 +212,7 @@ class Trainer:
         lengths = np.asarray(rollout.lengths)
         completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
         scores, failed, metrics = rewards.score(
-            self.task.reward_fns,
+            [r.fn for r in self.task.rewards],
             self.cfg.reward.weights,
             np.repeat(texts, g).tolist(),
             completions,
@@ -187,15 +221,15 @@ class Trainer:
             timeout_s=self.cfg.reward.timeout_s,
             num_workers=self.cfg.reward.num_workers,
         )
-        correct = [i for i, n in enumerate(self.cfg.reward.names) if n in CORRECTNESS_REWARDS]
+        correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
-            prompts=prompts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
+            prompts=prompts, texts=texts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
             generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
         )
 
-    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray, ...], dict]:
+    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray | None, ...], dict]:
         """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled).
 
         A group is informative when its completions differ in correctness (0 < correct < G, the DAPO
@@ -226,9 +260,12 @@ class Trainer:
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
-        return self._batch(kept, weights), self._rollout_metrics(drawn, kept, rounds, sample_time)
+        host = self._batch(kept, weights)
+        *_, advantages, _routes = host
+        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=advantages)  # for the logs
+        return host, self._rollout_metrics(drawn, kept, rounds, sample_time)
 
-    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray | None, ...]:
         """Packs the kept groups, padded to the full batch with masked rows, as host arrays
         (tokens, positions, segment_ids, mask, sampler_logp, advantages, routes); routes are the
         sampler's (`Rollout.routes`) for routing_replay="sampler", else None."""
@@ -269,7 +306,7 @@ class Trainer:
         tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
         return tok, pos, seg, mask, sampler_logp, advantages, routes
 
-    def minibatches(self, host: tuple[np.ndarray, ...]) -> list[ts.Batch]:
+    def minibatches(self, host: tuple[np.ndarray | None, ...]) -> list[ts.Batch]:
         """Splits the host rollout batch into global minibatches and attaches l^old (and, for MoE
         policies, pi_old's routes) to each, all under the params that sampled them (before any update
         of this step); none when the updates are on-policy (`train_step.on_policy`: the update takes
@@ -285,7 +322,7 @@ class Trainer:
             if not ts.on_policy(cfg):
                 with sharding.activation_rules(self.mesh):
                     old_logp, routes = ts.old_logprobs(
-                        cfg.model, cfg.sampling.temperature, self.state.params, tok, pos, seg, mask, routes
+                        cfg.model, cfg.sampling.temperature, self.policy_params, tok, pos, seg, mask, routes
                     )
             out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv, routes))
         return out
@@ -316,6 +353,26 @@ class Trainer:
         for s in drawn[:1]:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
         return m
+
+    def rollout_histograms(self) -> dict[str, np.ndarray]:
+        """The last rollout batch's weighted total rewards and completion lengths, every drawn row."""
+        drawn, w = self.last_rollout["drawn"], np.asarray(self.cfg.reward.weights, np.float32)
+        return {"reward/total": np.concatenate([s["rewards"] @ w for s in drawn]),
+                "completion/length": np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])}
+
+    def completion_records(self) -> list[dict]:
+        """The last rollout batch's trained completions (the kept groups), one JSON-ready dict each."""
+        g, names = self.cfg.sampling.group_size, self.cfg.reward.names
+        out = []
+        for j, (s, i, _) in enumerate(self.last_rollout["kept"]):
+            for row in range(i * g, (i + 1) * g):
+                out.append({
+                    "prompt": s["texts"][i], "completion": s["completions"][row],
+                    "rewards": dict(zip(names, s["rewards"][row].tolist())),
+                    "advantage": float(self.last_rollout["advantages"][j * g + row - i * g]),
+                    "length": int(s["rollout"].lengths[row]), "truncated": bool(s["rollout"].truncated[row]),
+                })
+        return out
 
     # -- one RL step -------------------------------------------------------------------------------
 
@@ -350,24 +407,37 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> dict:
-        """Held-out accuracy, greedy and sampled (one sample per prompt)."""
-        examples = [self.task.held_out[i] for i in range(len(self.task.held_out))]
+        """Held-out metrics (`grpo_jax.evaluation`): greedy, and `train.eval_samples` samples per prompt."""
+        return self.evaluate_examples()[0]
+
+    def evaluate_examples(self) -> tuple[dict, list[dict]]:
+        """(held-out metrics, one JSON-ready dict of results per held-out example)."""
+        examples, n = self.task.held_out, self.cfg.train.eval_samples
+        rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
         out = {}
-        for mode, greedy in (("greedy", True), ("sampled", False)):
-            scfg = dataclasses.replace(self.cfg.sampling, group_size=1, greedy=greedy)
+        for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
+            scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
             s = self.sample(examples, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
-            if s["correct"] is not None:
-                out[f"eval/accuracy_{mode}"] = float(s["correct"].mean())
-            out[f"eval/reward_{mode}"] = float((s["rewards"] @ np.asarray(self.cfg.reward.weights)).mean())
-            out[f"eval/length_{mode}"] = float(np.asarray(s["rollout"].lengths).mean())
-        return out
+            total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), np.asarray(s["rollout"].lengths)
+            out.update(evaluation.summarize(mode, g, total, lengths, s["correct"]))
+            for i, row in enumerate(rows):
+                group = slice(i * g, (i + 1) * g)
+                if greedy:
+                    row["greedy"] = {"completion": s["completions"][i],
+                                     "rewards": dict(zip(self.cfg.reward.names, s["rewards"][i].tolist()))}
+                else:
+                    row["sampled"] = {"samples": g, "reward_mean": float(total[group].mean()),
+                                      "length_mean": float(lengths[group].mean())}
+                if s["correct"] is not None:
+                    row["greedy" if greedy else "sampled"]["correct"] = int(s["correct"][group].sum())
+        return out, rows
 
     # -- checkpoints -------------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict:
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
-        if self.ref_params is not None:
+        if self.ref_params is not None and not self.cfg.lora.rank:  # a LoRA base is not saved: it is model_path
             state["ref"] = self.ref_params
         return state
 
@@ -380,5 +450,5 @@ class Trainer:
     def restore(self, ckpt: checkpoint.Checkpointer, step: int) -> None:
         state, meta = ckpt.restore(self.checkpoint_state(), step)
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
-        self.ref_params = state.get("ref")
+        self.ref_params = state.get("ref", self.ref_params)
         self.step, self.position = meta["step"], meta["data_position"]

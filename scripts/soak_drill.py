@@ -26,7 +26,6 @@ import random
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -84,20 +83,14 @@ class Run:
 
 
 def event_scalars(directory: pathlib.Path) -> dict:
-    """{(tag, step): [values]} of every TensorBoard event file in `directory`; raises on a truncated record."""
-    from tensorboardX.proto import event_pb2
+    """{(tag, step): [values]} of every TensorBoard scalar in `directory`; raises on a truncated record."""
+    from grpo_jax.logging import read_events
 
     out = collections.defaultdict(list)
-    for path in sorted(directory.glob("events.out.tfevents.*")):
-        data, at = path.read_bytes(), 0
-        while at < len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
-            if at + 12 + length + 4 > len(data):
-                raise ValueError(f"{path}: truncated record at byte {at}")
-            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
-            for value in event.summary.value:
+    for event in read_events(directory):
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
                 out[(value.tag, event.step)].append(value.simple_value)
-            at += 12 + length + 4
     return out
 
 

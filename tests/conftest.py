@@ -1,4 +1,5 @@
-"""Shared test setup: 8 simulated CPU devices, float32 matmuls, a `slow` marker."""
+"""Shared test setup: 8 simulated CPU devices, float32 matmuls, every jaxtyping annotation checked, a
+`slow` marker."""
 
 import os
 
@@ -9,8 +10,24 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
+import jaxtyping  # noqa: E402
+import pytest  # noqa: E402
+
+import grpo_jax.typecheck  # noqa: E402  (the checker the hook names; it holds no annotated function)
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# Every jaxtyping annotation of the library is checked at call time (shapes by axis name, dtypes), so a
+# wrong annotation or a misshapen argument fails the tests. Installed before any test imports grpo_jax.
+jaxtyping.install_import_hook(["grpo_jax", "kernels"], "grpo_jax.typecheck.TYPECHECKER")
+
+
+@pytest.fixture
+def unchecked():
+    """The jaxtyping checks off while a test runs: for tests of a function's own input validation, which
+    the import hook's checks would pre-empt (as they do not outside the tests)."""
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", False)
 
 
 def pytest_configure(config):

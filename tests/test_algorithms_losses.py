@@ -198,7 +198,7 @@ def test_hand_cispo():
 def test_hand_clip_cov_and_kl_cov():
     # Two completions, A = (2, -1), l = (-1, -2 | -1, -3), all on-policy (r = 1). Means over the 4
     # tokens: A 1/2, l -7/4: cov = (A - 1/2)(l + 7/4) = (1.125, -0.375 | -1.125, 1.875).
-    logp, adv, mask = [[-1.0, -2.0], [-1.0, -3.0]], [2.0, -1.0], np.ones((2, 2))
+    logp, adv, mask = np.array([[-1.0, -2.0], [-1.0, -3.0]]), np.array([2.0, -1.0]), np.ones((2, 2))
     priority = np.array([[3, 2], [1, 0]], np.int32)
     # Clip-Cov, band (0.5, 2), fraction 0.5 -> 2 tokens; candidates: cov 1.125 and 1.875, both picked:
     # their -A r terms vanish, leaving u = (0, -2 | 1, 0) -> token mean -1/4
@@ -225,8 +225,8 @@ def test_hand_clip_cov_and_kl_cov():
 def test_hand_top_entropy():
     # entropies (1, 4 | 2, 3): the top half keeps >= the 0.5 quantile 2.5 -> tokens 4 and 3
     cfg = AlgorithmConfig(loss="reinforce", aggregation="token_mean", beta=0.0, top_entropy_quantile=0.5)
-    logp, mask, entropy = [[-1.0, -2.0], [-3.0, -4.0]], np.ones((2, 2)), np.array([[1.0, 4.0], [2.0, 3.0]])
-    stats = step_stats(cfg, logp, logp, [1.0, 1.0], mask, entropy, np.zeros((2, 2), np.int32))
+    logp, mask, entropy = np.array([[-1.0, -2.0], [-3.0, -4.0]]), np.ones((2, 2)), np.array([[1.0, 4.0], [2.0, 3.0]])
+    stats = step_stats(cfg, logp, logp, np.ones(2), mask, entropy, np.zeros((2, 2), np.int32))
     np.testing.assert_array_equal(stats.keep, [[0, 1], [0, 1]])
     loss, m = hand_loss(cfg, logp, logp, [1.0, 1.0], mask, stats=stats, entropy=jnp.asarray(entropy))
     assert loss == pytest.approx((2 + 4) / 4) and m["top_entropy_kept_frac"] == 0.5
@@ -316,7 +316,7 @@ def test_empty_batch_is_finite():
         assert all(np.isfinite(float(v)) for v in metrics.finalize(m).values()), name
 
 
-def test_user_errors_before_compiling():
+def test_user_errors_before_compiling(unchecked):
     x = make_batch(shape=(2, 3))
     cfg = AlgorithmConfig.from_preset("grpo")  # beta = 0.04
     nz = normalizer(cfg, x["mask"], LMAX)

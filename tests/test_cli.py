@@ -2,10 +2,12 @@
 
 import json
 import pathlib
+import sys
 
 import pytest
 
-from grpo_jax.config import Config, override
+from grpo_jax.config import Config, CountdownConfig, FileTaskConfig, flatten, override
+from grpo_jax.rewards import REWARDS
 from grpo_jax.train import load_config, parse_args
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -54,6 +56,55 @@ def test_model_options_for_a_checkpoint():
     assert (cfg.model_options.moe_impl, cfg.model_options.remat) == ("ragged", "full")
     with pytest.raises(ValueError, match="Config.model_options.compute_dtype='fp16' is not understood"):
         override(cfg, ["model_options.compute_dtype=fp16"])
+
+
+def test_a_task_is_named_on_the_command_line_then_its_fields_set():
+    for order in (["task=countdown", "task.max_number=50"], ["task.max_number=50", "task=countdown"]):
+        cfg = override(load_config(QUICKSTART), order)
+        assert cfg.task == CountdownConfig(max_number=50)
+    cfg = override(load_config(QUICKSTART), ["task=file", "task.path=train.jsonl"])
+    assert cfg.task == FileTaskConfig(path="train.jsonl") and flatten(cfg)["task"] == "file"
+    with pytest.raises(ValueError, match="--set task=countdwn: unknown task 'countdwn'; known: .*'countdown'"):
+        override(load_config(QUICKSTART), ["task=countdwn"])
+    with pytest.raises(ValueError, match="CountdownConfig has no field 'max_value'"):  # arithmetic's field, not countdown's
+        override(load_config(QUICKSTART), ["task=countdown", "task.max_value=9"])
+
+
+def test_a_union_field_parses_as_its_first_fitting_member():
+    cfg = load_config(QUICKSTART)
+    assert override(cfg, ["model.eos_token_id=5"]).model.eos_token_id == 5
+    assert override(cfg, ["model.eos_token_id=5,6"]).model.eos_token_id == (5, 6)
+    assert override(cfg, ["model.eos_token_id=none"]).model.eos_token_id is None
+    with pytest.raises(ValueError, match="--set model.eos_token_id=x: expected a value of type int"):
+        override(cfg, ["model.eos_token_id=x"])
+
+
+def test_a_config_builds_on_another_by_a_relative_import(tmp_path):
+    """No sys.path edits: the folder of a config file is a package for its relative imports. A file runs
+    once per content, so what it registers (a reward here) is registered once however often it loads."""
+    (tmp_path / "base.py").write_text(
+        "from grpo_jax import rewards\n"
+        "from grpo_jax.train import load_config\n"
+        f"BASE = {str(QUICKSTART)!r}\n"
+        "@rewards.register('test_cli_shout')\n"
+        "def shout(prompt, completion, example, **_):\n"
+        "    return float(completion.isupper())\n"
+        "def get_config():\n"
+        "    return load_config(BASE)\n"
+    )
+    (tmp_path / "child.py").write_text(
+        "import dataclasses\n"
+        "from .base import get_config as base\n"
+        "def get_config():\n"
+        "    cfg = base()\n"
+        "    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=7))\n"
+    )
+    path_before = list(sys.path)
+    cfg = load_config(tmp_path / "child.py")
+    assert cfg.train.steps == 7 and cfg.task == load_config(QUICKSTART).task and sys.path == path_before
+    assert load_config(tmp_path / "base.py").train.steps == load_config(QUICKSTART).train.steps  # loaded once
+    assert load_config(tmp_path / "child.py") == cfg
+    assert REWARDS["test_cli_shout"].fn("q", "HI", {}) == 1.0
 
 
 def test_config_file_errors(tmp_path):

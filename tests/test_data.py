@@ -3,6 +3,7 @@ resume, templates and the char tokenizer."""
 
 import json
 import pathlib
+import sys
 
 import pytest
 
@@ -99,9 +100,10 @@ def test_loader_errors(tmp_path):
         data.load_examples(bad, "gsm8k")
 
 
-def test_load_tfds_built_without_tensorflow(tmp_path):
-    """Builds a real TFDS dataset (array_record files + dataset_info) with the TFDS builder API, which
-    needs no TensorFlow, then reads it back through tfds.data_source."""
+@pytest.fixture(scope="module")
+def tiny_tfds(tmp_path_factory):
+    """A real TFDS dataset (array_record files + dataset_info) of the GSM8K fixture, built with the TFDS
+    builder API, which needs no TensorFlow; returns its data_dir."""
     import tensorflow_datasets as tfds
 
     records = [json.loads(line) for line in (FIXTURES / "gsm8k_tiny.jsonl").read_text().splitlines()]
@@ -114,22 +116,85 @@ def test_load_tfds_built_without_tensorflow(tmp_path):
             return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"question": text, "answer": text}))
 
         def _split_generators(self, dl_manager):
-            return {"train": self._generate_examples(records)}
+            return {"train": self._generate_examples(records[:16]), "test": self._generate_examples(records[16:])}
 
         def _generate_examples(self, rows):
             yield from enumerate(rows)
 
-    GrpoJaxGsm8kTiny(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-    source = data.load_tfds("grpo_jax_gsm8k_tiny", split="train", data_dir=tmp_path, format="gsm8k")
-    assert len(source) == 20
-    # TFDS stores examples in its own (hashed) order: compare as sets.
-    got = sorted((source[i]["prompt"], source[i]["answer"]) for i in range(20))
-    want = sorted((e["prompt"], e["answer"]) for e in data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k"))
-    assert got == want
+    data_dir = tmp_path_factory.mktemp("tfds")
+    GrpoJaxGsm8kTiny(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
+    return data_dir
+
+
+def _pairs(source):
+    """(prompt, answer) of every example, sorted: TFDS stores examples in its own (hashed) order."""
+    return sorted((source[i]["prompt"], source[i]["answer"]) for i in range(len(source)))
+
+
+def test_load_tfds_built_without_tensorflow(tiny_tfds):
+    """Read back through tfds.data_source: random access, no TensorFlow."""
+    source = data.load_tfds("grpo_jax_gsm8k_tiny", split="train", data_dir=tiny_tfds, format="gsm8k")
+    assert len(source) == 16
+    assert _pairs(source) == _pairs(data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")[:16])
     batch = data.batches(source, batch_size=4, seed=0, process_index=0, process_count=1)[0]
     assert len(batch) == 4 and all(isinstance(e["prompt"], str) for e in batch)
+    assert "tensorflow" not in sys.modules
     with pytest.raises(FileNotFoundError, match="no TFDS dataset"):
-        data.load_tfds("nope", split="train", data_dir=tmp_path, format="gsm8k")
+        data.load_tfds("nope", split="train", data_dir=tiny_tfds, format="gsm8k")
+
+
+def test_a_tfds_task_from_the_command_line_reaches_the_trainer(tiny_tfds):
+    from grpo_jax import trainer
+    from grpo_jax.config import override
+    from grpo_jax.train import load_config
+
+    quickstart = load_config(pathlib.Path(__file__).parents[1] / "experiments" / "configs" / "quickstart.py")
+    sets = ["task=tfds", "task.builder=grpo_jax_gsm8k_tiny", f"task.data_dir={tiny_tfds}", "reward.names=math"]
+    cfg = override(quickstart, sets)
+    task = trainer.build_task(cfg)
+    records = data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")
+    assert task.held_out is None and _pairs(task.train) == _pairs(records[:16])  # no eval_split: no evaluation
+    task = trainer.build_task(override(cfg, ["task.eval_split=test"]))
+    assert _pairs(task.held_out) == _pairs(records[16:])
+    with pytest.raises(ValueError, match="the tfds task needs task.builder"):
+        trainer.build_task(override(quickstart, ["task=tfds"]))
+
+
+def test_tasks_are_registered_by_name():
+    assert {"arithmetic", "countdown", "file", "tfds", "examples"} <= set(data.TASKS)
+    assert data.TaskConfig.from_name("countdown") == data.CountdownConfig()
+    assert data.task_name(data.CountdownConfig(max_number=5)) == "countdown"
+    with pytest.raises(ValueError, match="task 'countdown' is already registered"):
+        data.register("countdown")(data.CountdownConfig)
+    with pytest.raises(TypeError, match="must be a frozen dataclass subclassing data.TaskConfig"):
+        data.register("not_a_task")(dict)
+
+
+def test_a_file_task_without_eval_path_has_no_held_out_set():
+    train, held_out = data.FileTaskConfig(path=str(FIXTURES / "gsm8k_tiny.jsonl")).sources(seed=0)
+    assert len(train) == 20 and held_out is None
+    with pytest.raises(ValueError, match="the file task needs task.path"):
+        data.FileTaskConfig().sources(seed=0)
+
+
+def test_a_task_registered_by_a_fork(monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr(data.tasks, "TASKS", type(data.TASKS)("task"))  # a fresh registry, left as it was after
+
+    @data.register("echo")
+    @dataclasses.dataclass(frozen=True)
+    class Echo(data.TaskConfig):
+        words: tuple[str, ...] = ("a", "b")
+
+        def sources(self, seed):
+            return [{"prompt": w, "answer": w} for w in self.words], None
+
+    from grpo_jax.config import Config, flatten, override
+
+    cfg = override(Config(model_path="m"), ["task=echo", "task.words=x,y,z"])
+    assert cfg.task == Echo(("x", "y", "z")) and flatten(cfg)["task"] == "echo"
+    assert cfg.task.sources(0)[0][2] == {"prompt": "z", "answer": "z"}
 
 
 def _ids(batch):

@@ -171,7 +171,7 @@ def test_default_impl_and_plain_call(data):
         (dict(hidden=jnp.zeros((2, N, D))), "flatten batch and seq"),
     ],
 )
-def test_user_errors(data, kwargs, match):
+def test_user_errors(data, kwargs, match, unchecked):
     args = dict(hidden=data["hidden"], unembed=data["unembed"], targets=data["targets"],
                 temperature=TEMP)
     args.update(kwargs)

@@ -121,7 +121,7 @@ def test_policy_loss_through_the_kernel(preset, impl):
     assert want_metrics["clip_frac_low"].value + want_metrics["clip_frac_high"].value > 0
 
 
-def test_user_errors(units):
+def test_user_errors(units, unchecked):
     x, a, _ = units
     with pytest.raises(ValueError, match="impl='cuda'"):
         ratio_clip(x, a, 0.2, 0.2, impl="cuda")

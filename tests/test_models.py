@@ -278,6 +278,21 @@ def test_sharded_checkpoint_loads(tmp_path):
     np.testing.assert_allclose(jit_logits(cfg, params, tokens, pos, seg), torch_logits(model, tokens, seg, pos), atol=1e-4)
 
 
+def test_save_hf_shards_a_large_model_with_an_index_transformers_reads(hf_dirs, tmp_path):
+    model, path = hf_dirs[("qwen3", False)]
+    cfg, params = models.load_hf(path)
+    models.save_hf(cfg, params, tmp_path, max_shard_bytes=20_000)
+    files = sorted(p.name for p in tmp_path.glob("*.safetensors"))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(files) > 1 and sorted(set(index["weight_map"].values())) == files
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    tokens, seg, pos = left_padded([5, 5], 5)
+    np.testing.assert_allclose(torch_logits(reloaded, tokens, seg, pos), torch_logits(model, tokens, seg, pos), atol=1e-5)
+    models.save_hf(cfg, params, tmp_path)  # one file again: the shards of the earlier export are gone
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
+    jax.tree.map(np.testing.assert_array_equal, models.load_hf(tmp_path)[1], params)
+
+
 def test_init_matches_param_specs():
     cfg = models.ModelConfig.from_hf(make_hf("qwen3_moe", False).config.to_dict())
     params = jax.jit(models.init, static_argnums=0)(cfg, jax.random.key(0))

@@ -31,7 +31,8 @@ TINY = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=6
 
 
 def argv(out, *sets, config=QUICKSTART) -> list[str]:
-    return ["--config", str(config), *(a for s in (*TINY, f"train.out_dir={out}", *sets) for a in ("--set", s))]
+    tiny = [s for s in TINY if "model=none" not in sets or not s.startswith("model.")]  # no model: no model fields
+    return ["--config", str(config), *(a for s in (*tiny, f"train.out_dir={out}", *sets) for a in ("--set", s))]
 
 
 # -- bad inputs: a clear error naming the field and the fix, before anything is sampled or compiled -----
@@ -191,14 +192,23 @@ def test_a_resumed_log_holds_every_step_once_and_plots_the_whole_run(tmp_path, m
     monkeypatch.setattr(run_logging, "plot_curves", lambda history, path: plotted.append(list(history)))
     first = run_logging.MetricsLogger(tmp_path, 6)
     for step in range(6):
-        first.log(step, {"reward/mean": step / 10})
-    first.jsonl.write('{"step": 6, "reward/me')  # a line cut short by a kill
-    first.jsonl.flush()
+        first.log(step, {"reward/mean": step / 10}, {"completion/length": [step, step + 1]})
+        first.log_completions(step, [{"completion": str(step)}] * 2)
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        first.files[name].write('{"step": 6, "reward/me')  # a line cut short by a kill
+        first.files[name].flush()
     # Killed after logging step 5; the newest checkpoint is step 3, so steps 4 and 5 will be redone.
     resumed = run_logging.MetricsLogger(tmp_path, 6, resume_step=3)
     for step in (4, 5, 6):
-        resumed.log(step, {"reward/mean": step / 100})
+        resumed.log(step, {"reward/mean": step / 100}, {"completion/length": [step]})
+        resumed.log_completions(step, [{"completion": f"again {step}"}])
     resumed.close()
+    completions = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["completion"]) for r in completions] == [
+        *((s, str(s)) for s in range(4) for _ in range(2)), *((s, f"again {s}") for s in (4, 5, 6))]
+    histograms = [(e.step, v.histo.num) for e in run_logging.read_events(tmp_path / "tensorboard")
+                  for v in e.summary.value if v.HasField("histo")]
+    assert sorted(histograms) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 1), (5, 1), (6, 1)]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
     assert [r["reward/mean"] for r in rows] == [0, 0.1, 0.2, 0.3, 0.04, 0.05, 0.06]

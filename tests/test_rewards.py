@@ -134,15 +134,15 @@ def test_length_penalty():
 
 def test_reward_config_binds_limits_and_validates():
     cfg = RewardConfig(names=("math", "length"), weights=(1.0, 0.1))
-    math_fn, length_fn = cfg.functions(max_len=16)
-    assert math_fn is REWARDS["math"]
-    assert length_fn("q", "c", {}, completion_len=4) == -0.25
+    math_reward, length_reward = cfg.rewards(max_len=16)
+    assert math_reward is REWARDS["math"] and math_reward.correctness and not length_reward.correctness
+    assert length_reward.fn("q", "c", {}, completion_len=4) == -0.25
     with pytest.raises(ValueError, match="unknown reward"):
-        RewardConfig(names=("mathh",))
+        RewardConfig(names=("mathh",)).rewards(16)
     with pytest.raises(ValueError, match="one weight per name"):
         RewardConfig(names=("math", "format"), weights=(1.0,))
     with pytest.raises(ValueError, match="unknown reward"):  # DAPO overlong shaping is algorithm.overlong_*
-        RewardConfig(names=("overlong",), weights=(1.0,))
+        RewardConfig(names=("overlong",), weights=(1.0,)).rewards(16)
 
 
 def test_score_shapes_values_and_metrics():
@@ -150,7 +150,7 @@ def test_score_shapes_values_and_metrics():
     completions = ["\\boxed{\\frac{1}{2}}", "#### 1,234", "maybe 7"]
     examples = [HALF, GSM, {"answer": "-7"}]
     rewards, _, metrics = score(
-        cfg.functions(max_len=16), cfg.weights, ["q"] * 3, completions, examples, completion_lens=[3, 14, 20]
+        [r.fn for r in cfg.rewards(max_len=16)], cfg.weights, ["q"] * 3, completions, examples, completion_lens=[3, 14, 20]
     )
     assert rewards.dtype == np.float32 and rewards.shape == (3, 3)
     # length: -L / L_max = -3/16, -14/16, -20/16
@@ -162,13 +162,13 @@ def test_score_shapes_values_and_metrics():
 
 
 def test_score_counts_exceptions_and_bad_inputs():
-    fns = (REWARDS["exact"], failing_reward, lambda *a, **k: 1.0)  # a lambda cannot be pickled
+    fns = (REWARDS["exact"].fn, failing_reward, lambda *a, **k: 1.0)  # a lambda cannot be pickled
     rewards, _, metrics = score(fns, (1.0, 1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 1"], [GSM, GSM])
     np.testing.assert_array_equal(rewards, [[1, 0, 0], [0, 0, 0]])
     assert metrics["reward/failing_reward/errors"] == 2
     assert metrics["reward/<lambda>/errors"] == 2
     assert metrics["reward/errors"] == 4 and metrics["reward/timeouts"] == 0
-    rewards, _, metrics = score((dying_reward, REWARDS["exact"]), (1.0, 1.0), ["q"], ["#### 1234"], [GSM])
+    rewards, _, metrics = score((dying_reward, REWARDS["exact"].fn), (1.0, 1.0), ["q"], ["#### 1234"], [GSM])
     np.testing.assert_array_equal(rewards, [[0, 1]])
     assert metrics["reward/dying_reward/errors"] == 1
     assert all(w.process.is_alive() for w in scoring._POOLS[2].workers)  # the dead worker was replaced
@@ -183,7 +183,7 @@ def test_score_timeout_kills_the_worker_and_goes_on():
     before = {w.process.pid for w in scoring._POOLS[2].workers}
     start = time.monotonic()
     rewards, _, metrics = score(
-        (sleepy_reward, REWARDS["exact"]), (1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 9"], [GSM, GSM], timeout_s=1.0
+        (sleepy_reward, REWARDS["exact"].fn), (1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 9"], [GSM, GSM], timeout_s=1.0
     )
     assert time.monotonic() - start < 20  # not the 60 s the reward wanted
     np.testing.assert_array_equal(rewards, [[0, 1], [0, 0]])
@@ -194,3 +194,91 @@ def test_score_timeout_kills_the_worker_and_goes_on():
     assert not any(os.path.exists(f"/proc/{pid}") for pid in before)  # ...killed and reaped
     rewards, _, _ = score((pid_reward,), (1.0,), ["q"] * 4, ["c"] * 4, [GSM] * 4)
     assert set(rewards[:, 0].astype(int)) <= after  # and the replacements serve
+
+
+# -- one's own rewards: registered, or passed in code; scored in this process -------------------------
+
+def test_register_adds_a_reward_and_refuses_a_taken_name(monkeypatch):
+    monkeypatch.setattr(functions, "REWARDS", type(REWARDS)("reward"))  # a fresh registry, left as it was after
+
+    @functions.register("shout", correctness=True)
+    def shout(prompt, completion, example, **_):
+        return float(completion.isupper())
+
+    (reward,) = RewardConfig(names=("shout",), weights=(1.0,)).rewards(8)
+    assert reward.fn is shout and reward.correctness
+    with pytest.raises(ValueError, match="reward 'shout' is already registered"):
+        functions.register("shout")(lambda *a, **k: 0.0)
+
+
+def test_rewards_passed_in_code_sit_beside_the_registered():
+    def close(prompt, completion, example, **_):
+        return 1.0 - abs(len(completion) - 3) / 3
+
+    cfg = RewardConfig(names=("exact", "close"), weights=(1.0, 0.5))
+    exact, mine = cfg.rewards(8, given={"close": close})
+    assert exact is REWARDS["exact"] and mine.fn is close and not mine.correctness
+    assert cfg.rewards(8, given={"close": functions.Reward(close, correctness=True)})[1].correctness
+    with pytest.raises(ValueError, match=r"rewards \['exact'\] are passed in code and registered too"):
+        cfg.rewards(8, given={"close": close, "exact": close})
+    with pytest.raises(ValueError, match=r"rewards \['spare'\] are passed in code but not in RewardConfig.names"):
+        cfg.rewards(8, given={"close": close, "spare": close})
+
+
+def test_score_in_process_matches_the_workers_and_counts_failures():
+    fns = (REWARDS["exact"].fn, failing_reward, lambda prompt, completion, example, **_: float(len(completion)))
+    args = ((1.0, 1.0, 1.0), ["q"] * 2, ["#### 1234", "#### 1"], [GSM, GSM])
+    here, failed, metrics = score(fns, *args, num_workers=0)
+    np.testing.assert_array_equal(here, [[1, 0, 9], [0, 0, 6]])  # the lambda runs here: no pickling
+    np.testing.assert_array_equal(failed, [[0, 1, 0], [0, 1, 0]])
+    assert metrics["reward/failing_reward/errors"] == 2
+    workers, _, _ = score(fns[:2], (1.0, 1.0), *args[1:], num_workers=1)
+    np.testing.assert_array_equal(workers, here[:, :2])
+
+
+def test_an_overrunning_call_in_process_is_a_timeout_once_it_returns():
+    def slow(prompt, completion, example, **_):
+        time.sleep(0.3)
+        return 1.0
+
+    rewards, failed, metrics = score((slow,), (1.0,), ["q"], ["c"], [GSM], timeout_s=0.1, num_workers=0)
+    assert failed.all() and rewards[0, 0] == 0 and metrics["reward/slow/timeouts"] == 1
+
+
+def test_a_regex_reward_never_imports_math_verify():
+    """math-verify (~170 MB) is imported only for a symbolic comparison: exact match, format and
+    countdown never pay for it, in this process or in a worker."""
+    import subprocess
+    import sys
+
+    script = r"""
+import sys
+from grpo_jax.rewards import REWARDS, score
+fns = [REWARDS[n].fn for n in ("exact", "format", "countdown")]
+ex = {"answer": "7", "numbers": [3, 4], "target": 7}
+r, _, _ = score(fns, (1.0,) * 3, ["q"], ["<answer>3+4</answer>"], [ex], num_workers=0)
+assert r.tolist() == [[0.0, 1.0, 1.0]], r
+assert "math_verify" not in sys.modules
+assert REWARDS["math"].fn("q", "1/2", {"answer": "0.5"}) == 1.0 and "math_verify" not in sys.modules
+assert REWARDS["math"].fn("q", "\\boxed{\\sqrt{4}}", {"answer": "2"}) == 1.0 and "math_verify" in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def worker_has_math_verify(prompt, completion, example, **_):
+    import sys
+
+    return float("math_verify" in sys.modules)
+
+
+def test_a_worker_scoring_exact_match_does_not_import_math_verify():
+    rewards, _, _ = score((REWARDS["exact"].fn, worker_has_math_verify), (1.0, 1.0), ["q"], ["#### 1234"], [GSM],
+                          num_workers=3)  # a pool of its own: no earlier call has run math-verify in it
+    np.testing.assert_array_equal(rewards, [[1, 0]])
+
+
+def test_check_sendable_names_what_a_worker_cannot_load():
+    scoring.check_sendable({"exact": REWARDS["exact"].fn, "sleepy": sleepy_reward})
+    with pytest.raises(ValueError, match="reward 'mine' .*cannot be loaded by a reward worker process: set "
+                                         "reward.num_workers=0"):
+        scoring.check_sendable({"mine": lambda prompt, completion, example, **_: 0.0})

@@ -5,11 +5,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from grpo_jax import algorithms, models, rl_step, sampling, trainer
 from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
 from grpo_jax.data import CharTokenizer
+from grpo_jax.lora import LoraConfig
 
 MODEL = models.ModelConfig(
     model_type="qwen3", vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
@@ -74,9 +76,13 @@ def test_fused_step_runs_whole_rl_steps(tmp_path):
 
 def test_fused_step_rejects_host_only_options(tmp_path):
     cfg = Config(model=MODEL, tokenizer="char", algorithm=algorithms.AlgorithmConfig.from_preset("dapo"))
+    reward = rl_step.TextMatch.from_tokenizer(CharTokenizer(), MODEL.vocab_size, width=4)
     with pytest.raises(ValueError, match="dynamic_sampling"):
-        rl_step.jit_rl_step(cfg, None, None, None, None)
+        rl_step.jit_rl_step(cfg, optax.identity(), None, None, reward)
+    with pytest.raises(ValueError, match="LoRA"):
+        rl_step.jit_rl_step(dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("gspo"),
+                                                lora=LoraConfig(rank=2)), optax.identity(), None, None, reward)
     gpg = dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("gpg"),
                               train=TrainConfig(minibatches=2))
     with pytest.raises(ValueError, match="no importance ratio"):
-        rl_step.jit_rl_step(gpg, None, None, None, None)
+        rl_step.jit_rl_step(gpg, optax.identity(), None, None, reward)

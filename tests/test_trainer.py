@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import fault_rewards
-from grpo_jax import algorithms, checkpoint, models, run, trainer
+from grpo_jax import algorithms, checkpoint, data, models, run, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
 from grpo_jax.data import CharTokenizer
-from grpo_jax.rewards import RewardConfig, functions
+from grpo_jax.logging import read_events
+from grpo_jax.rewards import Reward, RewardConfig
 
 MODEL = models.ModelConfig(
     model_type="qwen3", vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
@@ -177,14 +178,13 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     assert again["first_eval"] == reference["first_eval"] and again["last_eval"] == reference["last_eval"]
 
 
-def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, monkeypatch, caplog):
+def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, caplog):
     """A reward that returns nan for every completion of one of the step's two prompts: the failures are
     counted and logged under its name and that group is dropped, so the update's inputs stay finite (a
     nan reward used to make every later update non-finite, hence skipped)."""
-    monkeypatch.setitem(functions.REWARDS, "nan_for_odd", fault_rewards.nan_for_odd_answers)
     cfg = dataclasses.replace(
         config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
-    t = trainer.Trainer(cfg)
+    t = trainer.Trainer(cfg, rewards={"nan_for_odd": fault_rewards.nan_for_odd_answers})  # a reward passed in code
     assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
     (tokens, positions, segments, mask, sampler_logp, advantages, _), metrics = t.rollout_batch(jax.random.key(0))
     assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
@@ -223,3 +223,126 @@ def test_truncation_masking_and_truncated_importance_sampling(tmp_path):
     # Issue 13.3 / 20.6: each of the 2 empty updates is counted, and the counts are summed (not averaged)
     assert [u["empty_updates"] for u in updates] == [1, 1] and metrics["empty_updates"] == 2
     assert (int(t.state.step), int(t.state.empty), int(t.state.skipped)) == (0, 2, 0)
+
+
+# -- one's own data and rewards, completion logs, pass@k, per-example results ------------------------------
+
+SUMS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
+
+
+def exact_sum(prompt, completion, example, **_):
+    """A reward passed in code and scored in the trainer's process: a closure would do as well."""
+    return float(completion == example["answer"])
+
+
+def own_data_config(tmp_path, **train) -> Config:
+    cfg = config(tmp_path, steps=2, checkpoint_every=1, log_completions_every=1, eval_samples=4, **train)
+    return dataclasses.replace(
+        cfg, task=data.Examples("sums"),
+        reward=RewardConfig(names=("sum", "length"), weights=(1.0, 0.5), num_workers=0),
+    )
+
+
+def jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def own_data_run(tmp_path_factory):
+    """A 2-step run, moved to `done/` once finished: later runs reuse the directory name `run`, so their
+    configs (and compilations) are the same."""
+    tmp = tmp_path_factory.mktemp("own")
+    mine = dict(examples=SUMS, held_out=SUMS[:4], rewards={"sum": Reward(exact_sum, correctness=True)})
+    result = run.train(own_data_config(tmp / "run"), **mine)
+    (tmp / "run").rename(tmp / "done")
+    return tmp, result, mine
+
+
+def test_own_examples_and_reward_in_code_train_and_log_their_completions(own_data_run):
+    tmp, result, _ = own_data_run
+    out, cfg, g = tmp / "done", own_data_config(tmp / "run"), 4
+    records = jsonl(out / "completions.jsonl")
+    assert sorted({r["step"] for r in records}) == [1, 2] and len(records) == 2 * 2 * g  # every kept row, 2 steps
+    by_prompt = {ex["prompt"]: ex for ex in SUMS}
+    for r in records:
+        example = by_prompt[r["prompt"]]  # the prompts are ours (the PLAIN template renders them as is)
+        assert r["rewards"]["sum"] == exact_sum(r["prompt"], r["completion"], example)
+        assert r["rewards"]["length"] == -r["length"] / cfg.sampling.max_new_tokens
+        ids = CharTokenizer().encode(r["completion"], add_bos=False)  # the text drops the eos id
+        stopped = len(ids) == r["length"] - 1 or ids[-1] in cfg.sampling.stop_tokens
+        assert 0 < r["length"] <= cfg.sampling.max_new_tokens and len(ids) <= r["length"]
+        assert r["truncated"] == (not stopped and r["length"] == cfg.sampling.max_new_tokens)
+    for i in range(0, len(records), g):  # the logged advantages are the group-standardized weighted rewards
+        group = records[i:i + g]
+        total = np.array([r["rewards"]["sum"] + 0.5 * r["rewards"]["length"] for r in group], np.float64)
+        want = (total - total.mean()) / (total.std(ddof=1) + cfg.algorithm.adv_eps) if np.ptp(total) else 0 * total
+        np.testing.assert_allclose([r["advantage"] for r in group], want, rtol=1e-5, atol=1e-6)
+    assert result["last_eval"] is not None and "eval/pass@4" in result["last_eval"]
+
+
+def test_held_out_results_per_example_agree_with_the_pass_at_k_metrics(own_data_run):
+    tmp, result, _ = own_data_run
+    rows = jsonl(tmp / "done" / "held_out.jsonl")
+    assert [r["index"] for r in rows] == [0, 1, 2, 3] and {r["step"] for r in rows} == {2}
+    assert [r["prompt"] for r in rows] == [ex["prompt"] for ex in SUMS[:4]]
+    correct = np.array([r["sampled"]["correct"] for r in rows])
+    assert all(r["sampled"]["samples"] == 4 for r in rows) and all(0 <= c <= 4 for c in correct)
+    last = result["last_eval"]
+    assert last["eval/accuracy_sampled"] == pytest.approx(correct.mean() / 4)  # avg@4
+    assert last["eval/pass@4"] == pytest.approx((correct > 0).mean())
+    greedy = [r["greedy"] for r in rows]
+    assert last["eval/accuracy_greedy"] == pytest.approx(np.mean([r["correct"] for r in greedy]))
+    assert all(r["correct"] == exact_sum("", r["completion"], ex) for r, ex in zip(greedy, SUMS))
+
+
+def test_histograms_of_rewards_and_lengths_reach_tensorboard(own_data_run):
+    tmp, _, _ = own_data_run
+    out = tmp / "done"
+    histograms = {(v.tag, e.step): v.histo for e in read_events(out / "tensorboard") for v in e.summary.value
+                  if v.HasField("histo")}
+    assert sorted(histograms) == [(tag, step) for tag in ("completion/length", "reward/total") for step in (1, 2)]
+    for step in (1, 2):  # every group kept: the 8 rows drawn are the 8 logged
+        logged = [r for r in jsonl(out / "completions.jsonl") if r["step"] == step]
+        lengths, totals = histograms[("completion/length", step)], histograms[("reward/total", step)]
+        assert lengths.num == totals.num == 8 and sum(lengths.bucket) == 8
+        assert lengths.sum == sum(r["length"] for r in logged) and lengths.max == max(r["length"] for r in logged)
+        assert totals.sum == pytest.approx(sum(r["rewards"]["sum"] + 0.5 * r["rewards"]["length"] for r in logged))
+
+
+def test_completion_logs_are_resume_safe(own_data_run):
+    """Killed after logging step 2 but before its checkpoint: the resumed run logs step 2 again, once."""
+    tmp, _, mine = own_data_run
+    out, again = tmp / "done", tmp / "run"
+    shutil.rmtree(again, ignore_errors=True)
+    shutil.copytree(out, again)
+    shutil.rmtree(again / "checkpoints" / "2")
+    (again / "held_out.jsonl").unlink()  # written again at the end
+    run.train(own_data_config(again), **mine)
+    for name in ("completions.jsonl", "histograms.jsonl"):
+        assert jsonl(again / name) == jsonl(out / name), name
+    assert jsonl(again / "held_out.jsonl") == jsonl(out / "held_out.jsonl")
+
+
+def test_a_run_without_a_held_out_set_does_not_evaluate(own_data_run):
+    tmp, _, mine = own_data_run
+    out = tmp / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    result = run.train(own_data_config(out), examples=SUMS, rewards=mine["rewards"])
+    assert result["first_eval"] is None and result["last_eval"] is None
+    assert not any(k.startswith("eval/") for r in jsonl(out / "metrics.jsonl") for k in r)
+    assert not (out / "held_out.jsonl").exists() and [r["step"] for r in jsonl(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_examples_and_rewards_in_code_are_checked_before_compiling(tmp_path):
+    cfg = own_data_config(tmp_path)
+    with pytest.raises(ValueError, match="examples passed in code need Config.task=data.Examples"):
+        trainer.build_task(dataclasses.replace(cfg, task=data.ArithmeticConfig()), examples=SUMS)
+    with pytest.raises(ValueError, match="pass the examples in code"):
+        trainer.build_task(cfg)
+    with pytest.raises(ValueError, match=r"unknown reward\(s\) \['sum'\]"):
+        trainer.build_task(cfg, examples=SUMS)
+    workers = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, num_workers=1))
+    with pytest.raises(ValueError, match="reward 'sum' .*cannot be loaded by a reward worker process"):
+        trainer.build_task(workers, examples=SUMS, reward_fns={"sum": lambda p, c, e, **_: 0.0})
+    task = trainer.build_task(workers, examples=SUMS, reward_fns={"sum": exact_sum})  # module-level: a worker imports it
+    assert task.held_out is None and task.train is SUMS and not task.rewards[0].correctness

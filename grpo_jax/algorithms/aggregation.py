@@ -9,11 +9,13 @@ of an RL step are combined), `reference` its float64 NumPy twin in `algorithms.r
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from grpo_jax.algorithms import reference
 from grpo_jax.algorithms.registry import Registry
@@ -47,6 +49,7 @@ def aggregation(name: str, *, unit: str, over: str, reference: Callable):
     return register
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Normalizer:
@@ -57,7 +60,7 @@ class Normalizer:
     max_completion_len: Float[Array, ""]
 
 
-def normalizer(cfg: "AlgorithmConfig", mask: Float[Array, "batch seq"], max_completion_len: int) -> Normalizer:
+def normalizer(cfg: "AlgorithmConfig", mask: Float[ArrayLike, "batch seq"], max_completion_len: int) -> Normalizer:
     """Denominators of the FULL optimizer-step batch; pass the result to every micro-batch's policy_loss.
 
     N counts completions with at least one counted token (padding rows and fully masked completions

@@ -4,7 +4,7 @@ Registered with `@kl_estimator(name, reference=...)`, the float64 twin in `algor
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 

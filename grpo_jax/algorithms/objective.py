@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from grpo_jax.algorithms.aggregation import AGGREGATIONS, Normalizer, seq_mean_over_tokens
 from grpo_jax.algorithms.correction import rollout_correction
@@ -50,13 +50,13 @@ def _check(cfg, spec, logp, old_logp, advantages, mask, ref_logp, sampler_logp, 
 
 def policy_loss(
     cfg: "AlgorithmConfig",
-    logp: Float[Array, "batch seq"],
-    old_logp: Float[Array, "batch seq"],
-    advantages: Float[Array, " batch"] | Float[Array, "batch seq"],
-    mask: Float[Array, "batch seq"],
-    ref_logp: Float[Array, "batch seq"] | None = None,
-    sampler_logp: Float[Array, "batch seq"] | None = None,
-    entropy: Float[Array, "batch seq"] | None = None,
+    logp: Float[ArrayLike, "batch seq"],
+    old_logp: Float[ArrayLike, "batch seq"],
+    advantages: Float[ArrayLike, " batch"] | Float[ArrayLike, "batch seq"],
+    mask: Float[ArrayLike, "batch seq"],
+    ref_logp: Float[ArrayLike, "batch seq"] | None = None,
+    sampler_logp: Float[ArrayLike, "batch seq"] | None = None,
+    entropy: Float[ArrayLike, "batch seq"] | None = None,
     *,
     normalizer: Normalizer,
     stats: StepStats | None = None,

@@ -1,25 +1,6 @@
 """The registries of the algorithms: a name maps to an entry that carries everything the code must
 know about a variant (its function, its capabilities, its float64 reference), declared once at its
-registration and read everywhere else (config validation, the presets table, the tests)."""
+registration and read everywhere else (config validation, the presets table, the tests). The class
+is `grpo_jax.registry.Registry`, shared with the rewards and tasks."""
 
-from typing import Generic, TypeVar
-
-T = TypeVar("T")
-
-
-class Registry(dict, Generic[T]):
-    """name -> entry. Registering a taken name is an error (a fork that shadows a variant by accident
-    would silently change every run that names it); an unknown name is an error listing the known."""
-
-    def __init__(self, kind: str):
-        super().__init__()
-        self.kind = kind
-
-    def add(self, name: str, entry: T) -> T:
-        if name in self:
-            raise ValueError(f"{self.kind} {name!r} is already registered; pick another name")
-        self[name] = entry
-        return entry
-
-    def __missing__(self, name):
-        raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(map(repr, self))}")
+from grpo_jax.registry import Registry  # noqa: F401

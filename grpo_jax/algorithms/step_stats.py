@@ -12,11 +12,12 @@ unsplit batch.
 """
 
 import dataclasses
+import typing
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from grpo_jax.algorithms.losses import LOSSES, StepBatch
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
 
 
+@typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class StepStats:
@@ -49,14 +51,14 @@ def entropy_keep(quantile: float, entropy, mask):
 
 def step_stats(
     cfg: "AlgorithmConfig",
-    logp: Float[Array, "batch seq"],
-    old_logp: Float[Array, "batch seq"],
-    advantages: Float[Array, " batch"] | Float[Array, "batch seq"],
-    mask: Float[Array, "batch seq"],
-    entropy: Float[Array, "batch seq"],
-    priority: Int[Array, "batch seq"],
+    logp: Float[ArrayLike, "batch seq"],
+    old_logp: Float[ArrayLike, "batch seq"],
+    advantages: Float[ArrayLike, " batch"] | Float[ArrayLike, "batch seq"],
+    mask: Float[ArrayLike, "batch seq"],
+    entropy: Float[ArrayLike, "batch seq"],
+    priority: Int[ArrayLike, "batch seq"],
     *,
-    tokens: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"] | None = None,
     group_size: int | None = None,
 ) -> StepStats:
     """The step's decisions from the current log-probs and entropies of EVERY completion of the step.

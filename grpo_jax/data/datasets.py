@@ -2,15 +2,17 @@
 
 Every source becomes examples {"prompt", "answer", "solution"}: "answer" is the canonical final
 answer the rewards compare against. Nothing here downloads: files and TFDS data_dir are local.
+The tasks "file" (`FileTaskConfig`) and "tfds" (`TfdsTaskConfig`) read them from a config.
 """
 
+import dataclasses
 import json
 import pathlib
-from collections.abc import Sequence
 
 import grain
 import jax
 
+from grpo_jax.data.tasks import Source, Sources, TaskConfig, register
 from grpo_jax.rewards.answers import last_boxed
 
 
@@ -94,8 +96,50 @@ def load_tfds(name: str, *, split: str, data_dir: str | pathlib.Path, format: st
     return grain.MapDataset.source(source).map(lambda r: parse(_decode(r)))
 
 
+@register("file")
+@dataclasses.dataclass(frozen=True)
+class FileTaskConfig(TaskConfig):
+    """A dataset in local files: GSM8K-format or MATH-format JSONL / parquet (`FORMATS`).
+    Without `eval_path` the run has no held-out set and does not evaluate."""
+
+    format: str = "gsm8k"
+    path: str = ""  # training examples
+    eval_path: str = ""  # held-out examples ("": no evaluation)
+
+    def sources(self, seed: int) -> Sources:
+        if not self.path:
+            raise ValueError("Config.task: the file task needs task.path (a local .jsonl or .parquet training file)")
+        return load_examples(self.path, self.format), load_examples(self.eval_path, self.format) if self.eval_path else None
+
+    def describe(self, split: str) -> str:
+        return self.path if split == "train" else self.eval_path
+
+
+@register("tfds")
+@dataclasses.dataclass(frozen=True)
+class TfdsTaskConfig(TaskConfig):
+    """A TFDS dataset prepared (array_record files) under the local `data_dir`, read lazily through
+    `tfds.data_source` and grain: no TensorFlow. Without `eval_split` the run does not evaluate."""
+
+    builder: str = ""  # the TFDS name, e.g. "gsm8k" or "gsm8k:1.0.0"
+    data_dir: str = ""
+    format: str = "gsm8k"
+    split: str = "train"
+    eval_split: str = ""  # e.g. "test" ("": no evaluation)
+
+    def sources(self, seed: int) -> Sources:
+        if not self.builder or not self.data_dir:
+            raise ValueError("Config.task: the tfds task needs task.builder (the TFDS name) and task.data_dir "
+                             "(where it is prepared)")
+        load = lambda split: load_tfds(self.builder, split=split, data_dir=self.data_dir, format=self.format)  # noqa: E731
+        return load(self.split), load(self.eval_split) if self.eval_split else None
+
+    def describe(self, split: str) -> str:
+        return f"TFDS {self.builder}[{self.split if split == 'train' else self.eval_split}] in {self.data_dir}"
+
+
 def batches(
-    source: Sequence[dict],
+    source: Source,
     *,
     batch_size: int,
     seed: int,

@@ -1,18 +1,91 @@
-"""Synthetic tasks generated on the fly: arithmetic (the quickstart) and countdown.
+"""Tasks by name, and the synthetic ones generated on the fly: arithmetic (the quickstart) and countdown.
 
-A task is a random-access source (len and getitem, what grain reads): example i is a pure function
-of (config, split, i). The train / held-out split is decided by a hash of the problem itself, not by
-the seed, so no held-out problem can appear in training under any seed or size.
+A task kind is a frozen dataclass config registered under a name (`@register("name")`), whose
+`sources(seed)` gives (training examples, held-out examples or None: no evaluation). Examples are
+dicts with at least "prompt" (and "answer" for the answer-checking rewards); a `Source` is anything
+with len and getitem (what grain reads). `Config.task` holds one such config; in a config file write
+`task=CountdownConfig(...)`, on the command line `--set task=countdown --set task.max_number=50`.
+
+Synthetic tasks: example i is a pure function of (config, split, seed, i). The train / held-out split
+is decided by a hash of the problem itself, not by the seed, so no held-out problem can appear in
+training under any seed or size.
 """
 
 import dataclasses
 import hashlib
+import typing
 
 import numpy as np
 
+from grpo_jax.registry import Registry
 from grpo_jax.rewards.answers import evaluate
 
 SPLITS = ("train", "held_out")
+SYNTHETIC_SIZE = 1_000_000  # synthetic tasks draw example i lazily; this only bounds the index
+
+
+@typing.runtime_checkable
+class Source(typing.Protocol):
+    """Random-access examples, what grain reads: a list, a generated task, a TFDS data source."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict: ...
+
+
+Sources = tuple[Source, Source | None]  # (training examples, held-out examples or None)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The base of every task config. A subclass is a frozen dataclass of the task's options,
+    registered with `@register(name)`, that defines `sources`."""
+
+    generated = False  # examples drawn lazily without end: their prompts are checked as they are drawn
+
+    @classmethod
+    def from_name(cls, name: str) -> "TaskConfig":
+        """The registered task `name` with its default options (what `--set task=NAME` builds)."""
+        return TASKS[name]()
+
+    def sources(self, seed: int) -> Sources:
+        """(training examples, held-out examples or None) for a run of this `seed`."""
+        raise NotImplementedError(f"{type(self).__name__} must define sources(seed)")
+
+    def describe(self, split: str) -> str:
+        """Where the examples of `split` ("train" or "held_out") come from, for error messages."""
+        return f"the {split} examples of task {task_name(self)!r}"
+
+
+TASKS: Registry[type[TaskConfig]] = Registry("task")
+
+
+def register(name: str):
+    """Class decorator: a TaskConfig subclass becomes task `name` (for configs and `--set task=name`)."""
+    def add(cls: type) -> type:
+        if not (dataclasses.is_dataclass(cls) and issubclass(cls, TaskConfig)):
+            raise TypeError(f"data.register({name!r}): {cls.__name__} must be a frozen dataclass subclassing data.TaskConfig")
+        return TASKS.add(name, cls)
+
+    return add
+
+
+def task_name(task: TaskConfig) -> str:
+    """The registered name of a task config's class."""
+    return next((n for n, cls in TASKS.items() if cls is type(task)), type(task).__name__)
+
+
+@register("examples")
+@dataclasses.dataclass(frozen=True)
+class Examples(TaskConfig):
+    """Examples passed in code: `Trainer(cfg, examples=..., held_out=...)` or `run.train(...)`.
+    `label` names them in the run's config, so a resume refuses a run of other examples."""
+
+    label: str = ""
+
+    def sources(self, seed: int) -> Sources:
+        raise ValueError("Config.task=data.Examples(): pass the examples in code, Trainer(cfg, examples=[...], "
+                         "held_out=[...]) or run.train(cfg, examples=..., held_out=...)")
 
 
 def _is_held_out(problem: str, fraction: float) -> bool:
@@ -36,8 +109,9 @@ def _draw(make, split: str, held_out_fraction: float, seed: int, index: int) -> 
     raise ValueError(f"no {split} example found in 10000 draws: the problem space is too small for this split")
 
 
+@register("arithmetic")
 @dataclasses.dataclass(frozen=True)
-class ArithmeticConfig:
+class ArithmeticConfig(TaskConfig):
     """`num_operands` integers in [min_value, max_value] joined by `operators` (from "+-*"), with the
     usual precedence. Prompt "12+7=", answer "19". Two 1-digit operands with "+-" (the default) is
     a few-minute task for a tiny char-level model on CPU."""
@@ -53,6 +127,11 @@ class ArithmeticConfig:
             raise ValueError("ArithmeticConfig needs num_operands >= 2 and min_value <= max_value")
         if not self.operators or set(self.operators) - set("+-*"):
             raise ValueError(f"ArithmeticConfig.operators={self.operators!r}: use a non-empty subset of '+-*'")
+
+    generated = True
+
+    def sources(self, seed: int) -> Sources:
+        return tuple(Arithmetic(self, split, SYNTHETIC_SIZE, seed) for split in SPLITS)
 
 
 class Arithmetic:
@@ -80,8 +159,9 @@ class Arithmetic:
         return _draw(self._make, self.split, self.config.held_out_fraction, self.seed, index)
 
 
+@register("countdown")
 @dataclasses.dataclass(frozen=True)
-class CountdownConfig:
+class CountdownConfig(TaskConfig):
     """Countdown: reach `target` with each of `num_numbers` numbers in [1, max_number] used exactly
     once and + - * /. Targets are built from a random expression over the numbers, so every problem
     is solvable; they are integers in [1, max_target]."""
@@ -94,6 +174,11 @@ class CountdownConfig:
     def __post_init__(self):
         if self.num_numbers < 2 or self.max_number < 1 or self.max_target < 1:
             raise ValueError("CountdownConfig needs num_numbers >= 2, max_number >= 1 and max_target >= 1")
+
+    generated = True
+
+    def sources(self, seed: int) -> Sources:
+        return tuple(Countdown(self, split, SYNTHETIC_SIZE, seed) for split in SPLITS)
 
 
 class Countdown:

@@ -10,14 +10,16 @@ with depth.
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.typecheck import checked
 
 Params = dict[str, Any]
 Cache = dict[str, Any]  # see init_cache
@@ -191,6 +193,8 @@ def _dense(x, w, n_in: int = 1):
     canonicalization then transposes the [b*t, out] cotangent (a strided copy, fused with the
     elementwise backward before it) ahead of each weight-gradient matmul: with flat rows it is one
     [in, b*t] @ [b*t, out] dot that reads both operands as they lie (bench/README.md, "train")."""
+    if hasattr(w, "dense"):  # a grpo_jax.lora.LoraWeight: the frozen weight plus a low-rank adapter
+        return w.dense(x, n_in)
     b, t = x.shape[:2]
     fan_in = math.prod(w.shape[:n_in])
     y = jnp.dot(x.reshape(b * t, fan_in), w.reshape(fan_in, -1))
@@ -388,12 +392,13 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
     return hidden, cache, aux
 
 
+@checked  # a public entry point: misshapen inputs are named, with their axes
 def extend(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch time"],
-    positions: Int[Array, "batch time"],
-    segment_ids: Int[Array, "batch time"],
+    tokens: Int[ArrayLike, "batch time"],
+    positions: Int[ArrayLike, "batch time"],
+    segment_ids: Int[ArrayLike, "batch time"],
     cache: Cache,
     index: Int[Array, ""] | int,
 ) -> tuple[Float[Array, "batch time embed"], Cache, dict[str, Array]]:
@@ -406,13 +411,14 @@ def extend(
     return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
 
 
+@checked
 def forward_with_aux(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
-    routes: Int[Array, "moe_layers batch seq k"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+    routes: Int[ArrayLike, "moe_layers batch seq k"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], dict[str, Array]]:
     """`forward` that also returns aux; for MoE models `router_logits` [moe_layers, batch, seq,
     experts] (float32), `routes` [moe_layers, batch, seq, k] (the experts the router picks) and
@@ -432,12 +438,13 @@ def forward_with_aux(
     return hidden, aux
 
 
+@checked
 def forward(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq embed"]:
     """Final normed hidden states. Defaults: one segment per row; positions restart at each segment."""
     return forward_with_aux(cfg, params, tokens, positions, segment_ids)[0]
@@ -448,12 +455,13 @@ def unembedding(cfg: ModelConfig, params: Params) -> Float[Array, "embed vocab"]
     return params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
 
 
+@checked
 def logits(
     cfg: ModelConfig,
     params: Params,
-    tokens: Int[Array, "batch seq"],
-    positions: Int[Array, "batch seq"] | None = None,
-    segment_ids: Int[Array, "batch seq"] | None = None,
+    tokens: Int[ArrayLike, "batch seq"],
+    positions: Int[ArrayLike, "batch seq"] | None = None,
+    segment_ids: Int[ArrayLike, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq vocab"]:
     """Full float32 logits. For evaluation and tests; training uses hidden states + `unembedding`."""
     hidden = forward(cfg, params, tokens, positions, segment_ids)

@@ -1,33 +1,29 @@
 """Hugging Face checkpoints in and out: config.json + safetensors (one file or sharded with an index).
 
-Safetensors is read through numpy memory maps (bfloat16 via ml_dtypes), so loading streams: each
-parameter is assembled layer by layer inside `jax.make_array_from_callback`, and every device
-shard reads only the layers it holds. Names, shapes and files are all checked from the headers
-before any data is read.
+Safetensors files are read and written by the `safetensors` library (its numpy API, bfloat16 through
+ml_dtypes). Loading streams: each parameter is assembled layer by layer inside
+`jax.make_array_from_callback`, every device shard reads only the layers it holds, and a read copies
+one tensor out of the library's memory map. Names, shapes, dtypes and file integrity are all
+checked from the headers before any data is read. Saving writes files of at most `max_shard_bytes`
+with an index, as `transformers` does, so host memory holds one file's tensors at a time.
 """
 
 import json
 import pathlib
-import struct
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from grpo_jax.models.config import DTYPES, ModelConfig
 from grpo_jax.models.decoder import Params, ParamSpec, is_spec, param_specs
 
-_ST_DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-}
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
+_ST_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32")  # safetensors dtype names we read
+MAX_SHARD_BYTES = 5 * 2**30  # the size of one safetensors file written (transformers' default, 5 GB)
 
 
 def _hf_layout(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Callable, Callable]]:
@@ -116,26 +112,8 @@ def _leaves(cfg: ModelConfig) -> tuple[list[_Leaf], Any]:
 
 
 # ----------------------------------------------------------------------------- safetensors files
-def _read_header(file: pathlib.Path) -> tuple[dict[str, Any], int]:
-    """The tensor entries of a safetensors file and where its data start, checked against its size."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        try:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > size - 8:
-                raise ValueError(f"a header of {n} bytes in a file of {size}")
-            header = json.loads(f.read(n))
-        except (struct.error, ValueError) as e:
-            raise ValueError(f"{file} is not a readable safetensors file ({e}): re-download or re-export it") from None
-    header.pop("__metadata__", None)
-    end = 8 + n + max((entry["data_offsets"][1] for entry in header.values()), default=0)
-    if end > size:
-        raise ValueError(f"{file} is truncated: its tensors end at byte {end} but it has {size}; re-download it")
-    return header, 8 + n
-
-
-def _index(path: pathlib.Path) -> dict[str, tuple[pathlib.Path, dict[str, Any], int]]:
-    """Tensor name -> (file, header entry, data start) over all safetensors files of a directory."""
+def _index(path: pathlib.Path) -> dict[str, tuple[pathlib.Path, tuple[int, ...]]]:
+    """Tensor name -> (file, shape) over all safetensors files of a directory, from their headers."""
     index_file = path / "model.safetensors.index.json"
     if index_file.exists():
         files = sorted({path / f for f in json.loads(index_file.read_text())["weight_map"].values()})
@@ -148,21 +126,21 @@ def _index(path: pathlib.Path) -> dict[str, tuple[pathlib.Path, dict[str, Any], 
             raise FileNotFoundError(f"no *.safetensors file in {path}")
     tensors = {}
     for f in files:
-        header, start = _read_header(f)
-        for name, entry in header.items():
-            if entry["dtype"] not in _ST_DTYPES:
-                raise ValueError(f"{f}: tensor {name} has dtype {entry['dtype']}, not a float type")
-            tensors[name] = (f, entry, start)
+        try:
+            with safetensors.safe_open(f, "np") as st:
+                for name in st.keys():
+                    entry = st.get_slice(name)
+                    if entry.get_dtype() not in _ST_DTYPES:
+                        raise ValueError(f"{f}: tensor {name} has dtype {entry.get_dtype()}, not a float type")
+                    tensors[name] = (f, tuple(entry.get_shape()))
+        except safetensors.SafetensorError as e:
+            raise ValueError(f"{f} is truncated or not a safetensors file ({e}): re-download or re-export it") from None
     return tensors
 
 
 def _read(tensors, name: str) -> np.ndarray:
-    file, entry, start = tensors[name]
-    dtype = np.dtype(_ST_DTYPES[entry["dtype"]])
-    shape = tuple(entry["shape"])
-    if not shape or 0 in shape:
-        return np.zeros(shape, dtype)
-    return np.memmap(file, dtype, "r", offset=start + entry["data_offsets"][0], shape=shape)
+    with safetensors.safe_open(tensors[name][0], "np") as st:
+        return st.get_tensor(name)
 
 
 def _parse_dtype(dtype) -> str:
@@ -203,7 +181,7 @@ def load_hf(
         for name in (n for row in leaf.names for n in row):
             if name not in tensors:
                 raise ValueError(f"{path}: tensor {name} is missing (expected shape {leaf.hf_shape})")
-            got = tuple(tensors[name][1]["shape"])
+            got = tensors[name][1]
             if got != leaf.hf_shape:
                 raise ValueError(
                     f"{tensors[name][0]}: tensor {name} has shape {got}, expected {leaf.hf_shape} "
@@ -238,37 +216,43 @@ def _load_leaf(tensors, leaf: _Leaf, sharding, dtype) -> jax.Array:
     return jax.make_array_from_callback(leaf.spec.shape, sharding, callback)
 
 
-def save_hf(cfg: ModelConfig, params: Params, path: str | pathlib.Path) -> None:
-    """Writes config.json and model.safetensors (in `cfg.dtype`) that `transformers` loads."""
+def save_hf(cfg: ModelConfig, params: Params, path: str | pathlib.Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """Writes config.json and model.safetensors (in `cfg.dtype`) that `transformers` loads; a model over
+    `max_shard_bytes` goes into numbered files with a model.safetensors.index.json."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     leaves, treedef = _leaves(cfg)
     arrays = treedef.flatten_up_to(params)
     dtype = np.dtype(cfg.jnp_dtype)
-    header, offset = {}, 0
+    shards, size = [[]], 0  # [(leaf, array)] per file, in order
     for leaf, array in zip(leaves, arrays):
         if tuple(array.shape) != leaf.spec.shape:
             raise ValueError(
                 f"save_hf: params{list(leaf.path)} has shape {tuple(array.shape)}, "
                 f"expected {leaf.spec.shape}"
             )
-        size = int(np.prod(leaf.hf_shape)) * dtype.itemsize
-        for name in (n for row in leaf.names for n in row):
-            header[name] = {
-                "dtype": _ST_NAMES[dtype],
-                "shape": list(leaf.hf_shape),
-                "data_offsets": [offset, offset + size],
-            }
-            offset += size
-    header["__metadata__"] = {"format": "pt"}
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for leaf, array in zip(leaves, arrays):
+        nbytes = int(np.prod(leaf.spec.shape)) * dtype.itemsize
+        if size and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((leaf, array))
+        size += nbytes
+    names = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)  # an earlier export's files, which a loader would read too
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        tensors = {}
+        for leaf, array in shard:
             for j, row in enumerate(leaf.names):
                 w = np.asarray(array[j] if _stacked(leaf.path) else array, np.float32)
-                for e in range(len(row)):
-                    t = leaf.to_hf(w[e] if leaf.experts else w)
-                    f.write(np.ascontiguousarray(t).astype(dtype).tobytes())
+                for e, hf_name in enumerate(row):
+                    tensors[hf_name] = np.ascontiguousarray(leaf.to_hf(w[e] if leaf.experts else w)).astype(dtype)
+        safetensors.numpy.save_file(tensors, path / name, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+    if len(names) > 1:
+        total = sum(int(np.prod(leaf.spec.shape)) for leaf in leaves) * dtype.itemsize
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (path / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))

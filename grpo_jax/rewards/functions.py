@@ -1,38 +1,66 @@
 """Reward functions and their registry.
 
-A reward function is `fn(prompt, completion, example, **kwargs) -> float`, a plain module-level
-function (it is pickled by reference into the worker processes of `scoring.score`). `example` is the
-task's dict ("answer" always; "numbers"/"target" for countdown). Length-based terms receive
-`completion_len` (tokens) from `score` and their limit is bound by `RewardConfig.functions`.
-Adding a reward is one function and one line in `REWARDS`. (DAPO's overlong shaping is part of the
-algorithm: `AlgorithmConfig.overlong_buffer_frac`, applied by the trainer.)
+A reward function is `fn(prompt, completion, example, **kwargs) -> float`. `example` is the task's
+dict ("answer" always; "numbers"/"target" for countdown). Length-based terms receive
+`completion_len` (tokens) from `score` and their limit is bound by `RewardConfig.rewards`. Adding a
+reward is one function under `@register("name")` (a fork does it in its own module or config file),
+or a callable passed in code: `Trainer(cfg, rewards={"name": fn})`. Scored in worker processes
+(`RewardConfig.num_workers` > 0) a function is pickled by reference: it must be module-level in an
+importable module. (DAPO's overlong shaping is part of the algorithm:
+`AlgorithmConfig.overlong_buffer_frac`, applied by the trainer.)
 """
 
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from grpo_jax.registry import Registry
 from grpo_jax.rewards import answers
 
 RewardFn = Callable[..., float]
 
 
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """A reward function and what the trainer must know about it: `correctness` rewards score 1 for
+    a correct answer and 0 otherwise; the first one of a run is its "accuracy" (and pass@k)."""
+
+    fn: RewardFn
+    correctness: bool = False
+
+
+REWARDS: Registry[Reward] = Registry("reward")
+
+
+def register(name: str, *, correctness: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: `fn` becomes reward `name` (for `RewardConfig.names`); returns `fn` unchanged."""
+    def add(fn: RewardFn) -> RewardFn:
+        REWARDS.add(name, Reward(fn, correctness))
+        return fn
+
+    return add
+
+
+@register("exact", correctness=True)
 def exact_match(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the extracted answer is the reference string exactly (after stripping whitespace)."""
     return float(answers.extract_answer(completion) == example["answer"].strip())
 
 
+@register("math", correctness=True)
 def math_equal(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the extracted answer equals the reference numerically or symbolically."""
     return float(answers.answers_match(answers.extract_answer(completion), example["answer"]))
 
 
+@register("format")
 def answer_format(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the completion marks its final answer (\\boxed{}, <answer></answer> or "#### ")."""
     return float(answers.marked_answer(completion) is not None)
 
 
+@register("countdown", correctness=True)
 def countdown(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the final expression uses each given number exactly once and equals the target.
 
@@ -48,6 +76,7 @@ def countdown(prompt: str, completion: str, example: dict, **_) -> float:
     return float(sorted(used) == sorted(example["numbers"]) and value == example["target"])
 
 
+@register("length")
 def length_penalty(prompt: str, completion: str, example: dict, *, completion_len: int, max_len: int, **_) -> float:
     """-L / L_max: a linear cost on length (its weight sets the strength)."""
     return -completion_len / max_len
@@ -55,22 +84,16 @@ def length_penalty(prompt: str, completion: str, example: dict, *, completion_le
 
 ON_FAILURE = ("drop_group", "zero")
 
-REWARDS: dict[str, RewardFn] = {
-    "exact": exact_match,
-    "math": math_equal,
-    "format": answer_format,
-    "countdown": countdown,
-    "length": length_penalty,
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """Which rewards a run uses and how they are run. `weights[k]` multiplies `names[k]`; the
-    algorithm combines them (sum then normalize, or normalize then sum). `num_workers` processes
-    score in parallel. A call that raises, takes longer than `timeout_s` or returns a non-finite
-    number (nan, inf, or beyond float32) is a failure: counted per reward, and by `on_failure` its
-    group is dropped from the update ("drop_group") or the call scores 0 ("zero")."""
+    """Which rewards a run uses and how they are run. `names` are registered rewards or ones passed to
+    the Trainer in code; `weights[k]` multiplies `names[k]`; the algorithm combines them (sum then
+    normalize, or normalize then sum). `num_workers` processes score in parallel, each call killed
+    after `timeout_s`; 0 scores in the trainer's process (no import or pickling cost, for fast
+    rewards such as a regex; a call cannot be stopped there: one that overruns `timeout_s` counts as
+    a timeout once it returns). A call that raises, times out or returns a non-finite number (nan,
+    inf, or beyond float32) is a failure: counted per reward, and by `on_failure` its group is
+    dropped from the update ("drop_group") or the call scores 0 ("zero")."""
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
@@ -79,20 +102,32 @@ class RewardConfig:
     on_failure: str = "drop_group"
 
     def __post_init__(self):
-        unknown = [n for n in self.names if n not in REWARDS]
-        if unknown:
-            raise ValueError(f"RewardConfig.names: unknown reward(s) {unknown}; choose from {sorted(REWARDS)}")
         if len(self.weights) != len(self.names):
             raise ValueError(
                 f"RewardConfig.weights has {len(self.weights)} entries for {len(self.names)} names; give one weight per name"
             )
-        if not 0 < self.timeout_s < math.inf or self.num_workers < 1:
-            raise ValueError("RewardConfig.timeout_s must be finite and > 0 and RewardConfig.num_workers >= 1")
+        if not 0 < self.timeout_s < math.inf or self.num_workers < 0:
+            raise ValueError("RewardConfig.timeout_s must be finite and > 0 and RewardConfig.num_workers >= 0 "
+                             "(0: score in the trainer's process)")
         if not all(math.isfinite(w) for w in self.weights):
             raise ValueError(f"RewardConfig.weights={self.weights} must be finite")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"RewardConfig.on_failure={self.on_failure!r}: use one of {ON_FAILURE}")
 
-    def functions(self, max_len: int) -> tuple[RewardFn, ...]:
-        """The reward functions, with the length limit `max_len` (SamplingConfig.max_new_tokens) bound."""
-        return tuple(functools.partial(REWARDS[n], max_len=max_len) if n == "length" else REWARDS[n] for n in self.names)
+    def rewards(self, max_len: int, given: Mapping[str, RewardFn | Reward] | None = None) -> tuple[Reward, ...]:
+        """The rewards of `names`, from `given` (callables passed in code) or the registry, with the
+        length limit `max_len` (SamplingConfig.max_new_tokens) bound."""
+        given = {n: r if isinstance(r, Reward) else Reward(r) for n, r in (given or {}).items()}
+        clash = sorted(set(given) & set(REWARDS))
+        if clash:
+            raise ValueError(f"rewards {clash} are passed in code and registered too; rename the ones passed in code")
+        unknown = [n for n in self.names if n not in given and n not in REWARDS]
+        if unknown:
+            raise ValueError(f"RewardConfig.names: unknown reward(s) {unknown}; choose from {sorted(REWARDS)}, "
+                             "register one (@rewards.register) or pass it in code (Trainer(cfg, rewards={name: fn}))")
+        unused = sorted(set(given) - set(self.names))
+        if unused:
+            raise ValueError(f"rewards {unused} are passed in code but not in RewardConfig.names={self.names}")
+        out = [given[n] if n in given else REWARDS[n] for n in self.names]
+        return tuple(dataclasses.replace(r, fn=functools.partial(r.fn, max_len=max_len)) if n == "length" else r
+                     for n, r in zip(self.names, out))

@@ -1,4 +1,5 @@
-"""Scoring completions on the host: every reward call runs in a worker process, with a timeout.
+"""Scoring completions on the host: each reward call runs in a worker process, with a timeout (or,
+with `num_workers=0`, in this process: `_run_here`).
 
 Why processes: math verification can hang on adversarial completions, inside sympy or in C
 (big-integer arithmetic), and a Python thread cannot be stopped. Each call goes to an idle worker
@@ -22,10 +23,12 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from jaxtyping import Bool, Float
@@ -197,8 +200,52 @@ class _Pool:
 _POOLS: dict[int, _Pool] = {}
 
 
+def _importable(module: str) -> bool:
+    """Could a fresh worker process import `module` (what unpickling a function by reference needs)?"""
+    if module == "__main__":  # a spawned worker runs the main script's file again
+        return getattr(sys.modules["__main__"], "__file__", None) is not None
+    top = module.partition(".")[0]
+    return any(hasattr(f, "find_spec") and f.find_spec(top, None) is not None for f in sys.meta_path)
+
+
+def check_sendable(reward_fns: Mapping[str, Callable]) -> None:
+    """Raises, naming the reward, if a worker process could not load one of `reward_fns` (a lambda, a
+    nested function, one defined in a config file or an interactive session): otherwise every call
+    would fail in the worker and every group be dropped."""
+    for name, fn in reward_fns.items():
+        module = getattr(getattr(fn, "func", fn), "__module__", None) or ""
+        try:
+            pickle.dumps(fn)
+            sendable = _importable(module)
+        except Exception:  # noqa: BLE001 (pickling fails in many ways)
+            sendable = False
+        if not sendable:
+            raise ValueError(
+                f"reward {name!r} ({_name(fn)} in {module or 'an unknown module'}) cannot be loaded by a reward worker "
+                "process: set reward.num_workers=0 to score in the trainer's process, or define it at module level "
+                "in an importable module"
+            )
+
+
+def _run_here(jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, float | str]]:
+    """The jobs in this process, in order, as `_Pool.run` reports them. A call cannot be stopped here:
+    one that overruns `timeout_s` is reported as a timeout once it returns."""
+    results = []
+    for fn, args, kwargs in jobs:
+        start = time.monotonic()
+        try:
+            value = float(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001 (any failure of a reward scores 0)
+            results.append(("error", f"{type(e).__name__}: {e}"))
+            continue
+        took = time.monotonic() - start
+        results.append(("timeout", f"took {took:.1f}s, over {timeout_s}s") if took > timeout_s else ("ok", value))
+    return results
+
+
 def _name(fn: Callable) -> str:
-    return getattr(fn, "func", fn).__name__
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def score(
@@ -217,7 +264,7 @@ def score(
     Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
     completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
     when given; length-based rewards need it. A failed call scores 0. `weights` only enter the
-    "reward/total_mean" metric.
+    "reward/total_mean" metric. `num_workers=0` scores in this process.
     """
     n, k = len(completions), len(reward_fns)
     if not len(prompts) == len(examples) == n or (completion_lens is not None and len(completion_lens) != n):
@@ -228,7 +275,7 @@ def score(
         )
     if len(weights) != k:
         raise ValueError(f"score: {len(weights)} weights for {k} reward functions")
-    if num_workers not in _POOLS:
+    if num_workers and num_workers not in _POOLS:
         _POOLS[num_workers] = _Pool(num_workers)
     start = time.perf_counter()
     jobs = [
@@ -236,7 +283,7 @@ def score(
         for i in range(n)
         for fn in reward_fns
     ]
-    outcomes = _POOLS[num_workers].run(jobs, timeout_s)
+    outcomes = _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
     with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
         values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
     status = np.array([s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)])

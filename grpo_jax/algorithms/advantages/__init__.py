@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int, Real
 
 from grpo_jax.algorithms.advantages import classic, robust, shaped  # noqa: F401  (registers the estimators)
 from grpo_jax.algorithms.advantages.base import ADVANTAGES, Advantage, advantage, batch_standardize, group_spread
@@ -60,11 +60,11 @@ def _group_ids(n: int, group_size: int | None, group_ids, need: int, why: str) -
 
 def compute_advantages(
     cfg: "AlgorithmConfig",
-    rewards: Float[Array, "n"] | Float[Array, "n k"],
+    rewards: Float[ArrayLike, "n"] | Float[ArrayLike, "n k"],
     group_size: int | None = None,
-    group_ids: Int[Array, " n"] | None = None,
-    lengths: Int[Array, " n"] | None = None,
-    reward_weights: Sequence[float] | None = None,
+    group_ids: Int[ArrayLike, " n"] | None = None,
+    lengths: Real[ArrayLike, " n"] | None = None,  # counted completion lengths
+    reward_weights: Sequence[float] | Float[ArrayLike, " k"] | None = None,
 ) -> Float[Array, " n"]:
     """Advantages for N completions from one reward per completion, or K weighted rewards [N, K].
 
@@ -118,7 +118,7 @@ def compute_advantages(
 
 
 def overlong_penalty(
-    cfg: "AlgorithmConfig", lengths: Int[Array, " n"], max_len: int
+    cfg: "AlgorithmConfig", lengths: Real[ArrayLike, " n"], max_len: int
 ) -> Float[Array, " n"]:
     """DAPO overlong shaping, a reward term: 0 up to L_max - B, then linear down to -kappa at L_max
     (B = overlong_buffer_frac * L_max, at least one token); -kappa past L_max."""

@@ -6,7 +6,8 @@ or None), registered with `@advantage(name, reference=..., fields=...)`.
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp

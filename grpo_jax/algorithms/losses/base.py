@@ -3,11 +3,12 @@ the whole optimizer step) and returns (`LossTerms`), and the clipped surrogate s
 ratio_clip-kernel losses."""
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 import kernels
 from grpo_jax.algorithms.aggregation import UNITS, seq_mean_over_tokens
@@ -26,10 +27,10 @@ KERNELS = (None, "ratio_clip")
 class LossInputs:
     """One micro-batch as a loss sees it (float32; masked entries of logp/old_logp are 0)."""
 
-    logp: Float[Array, "batch seq"]  # carries the gradient
-    old_logp: Float[Array, "batch seq"]
-    advantages: Float[Array, "batch seq"] | Float[Array, " batch"]  # per token (0 where masked) or per sequence
-    mask: Float[Array, "batch seq"]
+    logp: Float[ArrayLike, "batch seq"]  # carries the gradient
+    old_logp: Float[ArrayLike, "batch seq"]
+    advantages: Float[ArrayLike, "batch seq"] | Float[ArrayLike, " batch"]  # per token (0 where masked) or per sequence
+    mask: Float[ArrayLike, "batch seq"]
     stats: dict  # this micro-batch's rows of the loss's step statistics ({} unless it declares `stats`)
 
     def seq_mean(self, x):
@@ -46,13 +47,13 @@ class StepBatch:
     """The whole optimizer-step batch, as a loss's step statistics see it (float32, detached, 0 where
     masked). Rows [k G, (k + 1) G) are group k (G = group_size), as the trainer lays them out."""
 
-    logp: Float[Array, "batch seq"]
-    old_logp: Float[Array, "batch seq"]
-    advantages: Float[Array, "batch seq"]  # per token
-    mask: Float[Array, "batch seq"]
-    entropy: Float[Array, "batch seq"]
-    priority: Int[Array, "batch seq"]  # a random permutation of the token slots (Clip-Cov's random choice)
-    tokens: Int[Array, "batch seq"]  # the completion token ids
+    logp: Float[ArrayLike, "batch seq"]
+    old_logp: Float[ArrayLike, "batch seq"]
+    advantages: Float[ArrayLike, "batch seq"]  # per token
+    mask: Float[ArrayLike, "batch seq"]
+    entropy: Float[ArrayLike, "batch seq"]
+    priority: Int[ArrayLike, "batch seq"]  # a random permutation of the token slots (Clip-Cov's random choice)
+    tokens: Int[ArrayLike, "batch seq"]  # the completion token ids
     group_size: int
 
     @property
