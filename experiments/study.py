@@ -112,6 +112,15 @@ class Study:
             raise ValueError(f"Study {self.name!r}: warm_start names arms {sorted(self.warm_start)}; give one "
                              f"WarmStart for each of {sorted(self.arms)}, or one for all")
 
+    def only(self, arms) -> "Study":
+        """This study with only `arms` (its plots of other arms dropped, its warm starts of them too)."""
+        keep = set(arms)
+        return dataclasses.replace(
+            self, arms={a: c for a, c in self.arms.items() if a in keep},
+            plots=tuple(p for p in self.plots if not p.arms or set(p.arms) <= keep),
+            warm_start={a: w for a, w in self.warm_start.items() if a in keep}
+            if isinstance(self.warm_start, Mapping) else self.warm_start)
+
     def warm_start_of(self, arm: str) -> WarmStart | None:
         return self.warm_start[arm] if isinstance(self.warm_start, Mapping) else self.warm_start
 
@@ -387,12 +396,7 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
         unknown = sorted(set(args.arms) - set(study.arms))
         if unknown:
             parser.error(f"--arms {unknown}: this study's arms are {sorted(study.arms)}")
-        keep = set(args.arms)
-        study = dataclasses.replace(
-            study, arms={a: c for a, c in study.arms.items() if a in keep},
-            plots=tuple(p for p in study.plots if not p.arms or set(p.arms) <= keep),
-            warm_start={a: w for a, w in study.warm_start.items() if a in keep}
-            if isinstance(study.warm_start, Mapping) else study.warm_start)
+        study = study.only(args.arms)
     name = study.name + ("_quick" if args.quick else "")
     results_dir = args.results_dir or HERE / "results" / study.name / ("quick" if args.quick else "")
     return run(study, claims, results_dir, pathlib.Path("runs") / name)

@@ -83,6 +83,17 @@ def step0(tmp_path, arm, seed) -> dict:
         return json.loads(f.readline())
 
 
+def test_only_keeps_the_named_arms_and_their_plots():
+    full = gspo_vs_grpo.get_study(quick=False)
+    pair = full.only(["grpo_lr0.002", "gspo_lr0.002"])
+    assert list(pair.arms) == ["grpo_lr0.002", "gspo_lr0.002"] and len(full.arms) == 6
+    assert pair.arms["gspo_lr0.002"] is full.arms["gspo_lr0.002"]
+    names = [p.file for p in pair.plots]
+    assert "curves_lr0.002" in names and "curves_lr0.0003" not in names and "clipped_tokens" in names
+    with pytest.raises(SystemExit):  # an arm the study does not have is a usage error, before any run
+        study.main(gspo_vs_grpo.get_study, gspo_vs_grpo.claims, ["--arms", "grpo_lr9"])
+
+
 def test_spread_and_claim():
     assert study.spread([0.1, 0.2, 0.3]) == "0.2 ± 0.1 (3 seeds: 0.1 to 0.3)"  # sample std (ddof=1)
     with pytest.raises(ValueError, match="verdict"):
