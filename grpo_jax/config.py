@@ -121,9 +121,11 @@ class TrainConfig:
     # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
     # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
     max_skipped_steps: int = 3
-    # JAX's persistent compilation cache for runs (grpo_jax.run): a rerun or resume of the same shapes
-    # loads its programs instead of compiling them. "" turns it off (--set train.compilation_cache_dir=).
-    compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
+    # A directory for JAX's persistent compilation cache (grpo_jax.run): a rerun or resume of the same
+    # shapes loads its programs instead of compiling them. Off ("") by default: with jax 0.10.2, XLA:CPU's
+    # executable serialization segfaulted twice in this repository's test suite (not reproducible
+    # alone), so CPU runs leave it off; the accelerator configs (experiments/configs/gsm8k.py) turn it on.
+    compilation_cache_dir: str = ""
 
     def __post_init__(self):
         _check("TrainConfig", {

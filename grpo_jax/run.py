@@ -86,8 +86,8 @@ def use_compilation_cache(path: str) -> None:
     """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
     the small host-side ones add up on the first step), or leaves it off for "". JAX opens the cache
     at the first compilation and keeps that directory for the rest of the process (resetting it under
-    a live process crashed XLA:CPU's executable serialization in the test suite), so in one process
-    the first run's directory is the one used."""
+    a live process crashed XLA:CPU's executable serialization), so in one process the first run's
+    directory is the one used."""
     if path:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -97,7 +97,7 @@ def use_compilation_cache(path: str) -> None:
 def train(cfg: Config, params=None, **data) -> dict:
     """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
     set), the wall time and the final params. `data`: examples, held_out and rewards passed in code
-    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir`
+    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir` if it is set
     (use_compilation_cache)."""
     start = time.perf_counter()
     use_compilation_cache(cfg.train.compilation_cache_dir)
