@@ -30,5 +30,16 @@ def unchecked():
     jaxtyping.config.update("jaxtyping_disable", False)
 
 
+@pytest.fixture(autouse=True)
+def persistent_compilation_cache_stays_closed():
+    """With JAX's persistent compilation cache open in the pytest process, XLA:CPU's executable
+    serialization (jax 0.10.2) segfaulted the suite, every time at the same later test; a test that opens
+    it fails here, by name. Runs in subprocesses may use it."""
+    yield
+    assert not jax.config.jax_compilation_cache_dir, (
+        "this test opened JAX's persistent compilation cache in the pytest process; pass "
+        "train.compilation_cache_dir= (or run it in a subprocess)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: needs a real pretrained model or minutes of CPU")
