@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int8
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the trainer's to handle; workers ignore them
@@ -248,6 +248,78 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+FAILURES = ("error", "timeout", "nonfinite")  # `call`'s status codes 1, 2, 3 (0: the call returned a number)
+
+
+def call(
+    reward_fns: Sequence[Callable[..., float]],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    examples: Sequence[dict],
+    *,
+    completion_lens: Sequence[int] | None = None,
+    timeout_s: float = 5.0,
+    num_workers: int = 2,
+) -> tuple[Float[np.ndarray, "completions rewards"], Int8[np.ndarray, "completions rewards"]]:
+    """(rewards [N, K] float32, unweighted; status [N, K]: 0, or 1 + the index in FAILURES of how the
+    call failed). A failed call scores 0; the failures of each reward are logged with the first message.
+
+    Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
+    completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
+    when given; length-based rewards need it. `num_workers=0` scores in this process.
+    """
+    n, k = len(completions), len(reward_fns)
+    if not len(prompts) == len(examples) == n or (completion_lens is not None and len(completion_lens) != n):
+        raise ValueError(
+            f"score: prompts ({len(prompts)}), completions ({n}), examples ({len(examples)})"
+            + ("" if completion_lens is None else f" and completion_lens ({len(completion_lens)})")
+            + " must have one entry per completion"
+        )
+    if num_workers and num_workers not in _POOLS:
+        _POOLS[num_workers] = _Pool(num_workers)
+    jobs = [
+        (fn, (prompts[i], completions[i], examples[i]), {} if completion_lens is None else {"completion_len": int(completion_lens[i])})
+        for i in range(n)
+        for fn in reward_fns
+    ]
+    outcomes = _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
+    with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
+        values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
+    kinds = [s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)]
+    status = np.array([0 if s == "ok" else 1 + FAILURES.index(s) for s in kinds], np.int8).reshape(n, k)
+    for j, fn in enumerate(reward_fns):
+        for code, kind in enumerate(FAILURES, 1):
+            count = int((status[:, j] == code).sum())
+            if count:
+                first = next(v for (_, v), st in zip(outcomes[j::k], status[:, j]) if st == code)
+                log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", _name(fn), count, n, kind, first)
+    return np.where(status > 0, 0.0, values.reshape(n, k)).astype(np.float32), status
+
+
+def summarize(
+    reward_fns: Sequence[Callable[..., float]],
+    weights: Sequence[float],
+    rewards: Float[np.ndarray, "completions rewards"],
+    status: Int8[np.ndarray, "completions rewards"],
+) -> dict[str, float]:
+    """The reward/ metrics of rows scored by `call` (in a run over several processes, of every
+    process's rows): mean and std per reward, failures per reward and kind, the weighted total's mean.
+    `weights` only enter "reward/total_mean"."""
+    if len(weights) != len(reward_fns):
+        raise ValueError(f"summarize: {len(weights)} weights for {len(reward_fns)} reward functions")
+    n, metrics = len(rewards), {}
+    for j, fn in enumerate(reward_fns):
+        name = _name(fn)
+        metrics[f"reward/{name}/mean"] = float(rewards[:, j].mean()) if n else 0.0
+        metrics[f"reward/{name}/std"] = float(rewards[:, j].std()) if n else 0.0
+        for code, kind in enumerate(FAILURES, 1):
+            metrics[f"reward/{name}/{kind}s"] = float((status[:, j] == code).sum())
+    for code, kind in enumerate(FAILURES, 1):
+        metrics[f"reward/{kind}s"] = float((status == code).sum())
+    metrics["reward/total_mean"] = float((rewards @ np.asarray(weights, np.float32)).mean()) if n else 0.0
+    return metrics
+
+
 def score(
     reward_fns: Sequence[Callable[..., float]],
     weights: Sequence[float],
@@ -259,51 +331,13 @@ def score(
     timeout_s: float = 5.0,
     num_workers: int = 2,
 ) -> tuple[Float[np.ndarray, "completions rewards"], Bool[np.ndarray, "completions rewards"], dict[str, float]]:
-    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; failed [N, K]; metrics).
-
-    Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
-    completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
-    when given; length-based rewards need it. A failed call scores 0. `weights` only enter the
-    "reward/total_mean" metric. `num_workers=0` scores in this process.
-    """
-    n, k = len(completions), len(reward_fns)
-    if not len(prompts) == len(examples) == n or (completion_lens is not None and len(completion_lens) != n):
-        raise ValueError(
-            f"score: prompts ({len(prompts)}), completions ({n}), examples ({len(examples)})"
-            + ("" if completion_lens is None else f" and completion_lens ({len(completion_lens)})")
-            + " must have one entry per completion"
-        )
-    if len(weights) != k:
-        raise ValueError(f"score: {len(weights)} weights for {k} reward functions")
-    if num_workers and num_workers not in _POOLS:
-        _POOLS[num_workers] = _Pool(num_workers)
+    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; failed [N, K]; metrics):
+    `call`, then `summarize` with the time it took, for rows all scored in this process."""
     start = time.perf_counter()
-    jobs = [
-        (fn, (prompts[i], completions[i], examples[i]), {} if completion_lens is None else {"completion_len": int(completion_lens[i])})
-        for i in range(n)
-        for fn in reward_fns
-    ]
-    outcomes = _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
-    with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
-        values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
-    status = np.array([s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)])
-    status, failed = status.reshape(n, k), (status != "ok").reshape(n, k)
-    rewards = np.where(failed, 0.0, values.reshape(n, k)).astype(np.float32)
-    metrics = {"reward/time_s": time.perf_counter() - start}
-    for j, fn in enumerate(reward_fns):
-        name = _name(fn)
-        metrics[f"reward/{name}/mean"] = float(rewards[:, j].mean()) if n else 0.0
-        metrics[f"reward/{name}/std"] = float(rewards[:, j].std()) if n else 0.0
-        for kind in ("error", "timeout", "nonfinite"):
-            count = int((status[:, j] == kind).sum())
-            metrics[f"reward/{name}/{kind}s"] = float(count)
-            if count:
-                first = next(v for (s, v), st in zip(outcomes[j::k], status[:, j]) if st == kind)
-                log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", name, count, n, kind, first)
-    for kind in ("error", "timeout", "nonfinite"):
-        metrics[f"reward/{kind}s"] = float((status == kind).sum())
-    metrics["reward/total_mean"] = float((rewards @ np.asarray(weights, np.float32)).mean()) if n else 0.0
-    return rewards, failed, metrics
+    rewards, status = call(reward_fns, prompts, completions, examples, completion_lens=completion_lens,
+                           timeout_s=timeout_s, num_workers=num_workers)
+    metrics = {"reward/time_s": time.perf_counter() - start, **summarize(reward_fns, weights, rewards, status)}
+    return rewards, status > 0, metrics
 
 
 def usable_groups(failed: Bool[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
