@@ -7,7 +7,7 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
    each; with DAPO dynamic sampling, drop groups whose rewards are all equal and draw again until
    `train.prompts_per_step` groups are kept or `algorithm.max_gen_batches` rounds are spent (a short
    batch is padded with masked rows, so shapes and compilations never change);
-2. score on the host (`rewards.scoring`), add DAPO overlong shaping, mask truncated completions,
+2. score on the host (`rewards.score`), add DAPO overlong shaping, mask truncated completions,
    compute advantages on the kept groups, and assemble the batch on device;
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
@@ -266,23 +266,21 @@ class Trainer:
         generate_s = time.perf_counter() - t0
         completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
         row_texts = [texts[i] for i in of_row]
-        t0 = time.perf_counter()
-        scores, status = scoring.call(
-            [r.fn for r in self.task.rewards], row_texts, completions, [mine[i] for i in of_row],
-            completion_lens=lengths.tolist(), timeout_s=self.cfg.reward.timeout_s,
-            num_workers=self.cfg.reward.num_workers,
+        fns, weights = [r.fn for r in self.task.rewards], self.cfg.reward.weights
+        scores, status, metrics = rewards.score(
+            fns, weights, row_texts, completions, [mine[i] for i in of_row], completion_lens=lengths.tolist(),
+            timeout_s=self.cfg.reward.timeout_s, num_workers=self.cfg.reward.num_workers,
         )
-        reward_s = time.perf_counter() - t0
+        # every process's rows: groups, advantages and the metrics need them all
         scores, status = sharding.gather(sharding.global_batch((scores, status), self.mesh, n))
+        metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
         lengths, truncated = sharding.gather((rollout.lengths, rollout.truncated))
-        metrics = {"reward/time_s": reward_s,
-                   **scoring.summarize([r.fn for r in self.task.rewards], self.cfg.reward.weights, scores, status)}
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
             rewards=scores, lengths=lengths, truncated=truncated, metrics=metrics, generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
-            usable=rewards.usable_groups(status > 0, g, self.cfg.reward.on_failure),
+            usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
 
     def rollout_batch(self, rng) -> tuple[list[ts.Batch], dict]:

@@ -7,7 +7,7 @@ over a pipe; if it has not answered within `timeout_s` the parent kills that wor
 starts a fresh one, so nothing leaks. A replacement starts in the background: the result loop never
 waits for it, so healthy calls cannot time out while it imports. A call that raises, times out or
 returns a non-finite number (or one beyond float32) is a failure: it scores 0, is counted and
-logged per reward, and `failed` marks it for the caller's policy (`usable_groups`). Workers are
+logged per reward, and its status code (`FAILURES`) tells the caller's policy (`usable_groups`). Workers are
 spawned (not forked: the parent runs JAX threads), started once per `num_workers` on first use,
 ignore SIGINT and SIGTERM (the trainer handles them and ends the workers at exit) and die with the
 trainer, even stuck in a hung call. Reward functions must therefore be picklable: module-level
@@ -248,11 +248,12 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-FAILURES = ("error", "timeout", "nonfinite")  # `call`'s status codes 1, 2, 3 (0: the call returned a number)
+FAILURES = ("error", "timeout", "nonfinite")  # `score`'s status codes 1, 2, 3 (0: the call returned a number)
 
 
-def call(
+def score(
     reward_fns: Sequence[Callable[..., float]],
+    weights: Sequence[float],
     prompts: Sequence[str],
     completions: Sequence[str],
     examples: Sequence[dict],
@@ -260,9 +261,10 @@ def call(
     completion_lens: Sequence[int] | None = None,
     timeout_s: float = 5.0,
     num_workers: int = 2,
-) -> tuple[Float[np.ndarray, "completions rewards"], Int8[np.ndarray, "completions rewards"]]:
-    """(rewards [N, K] float32, unweighted; status [N, K]: 0, or 1 + the index in FAILURES of how the
-    call failed). A failed call scores 0; the failures of each reward are logged with the first message.
+) -> tuple[Float[np.ndarray, "completions rewards"], Int8[np.ndarray, "completions rewards"], dict[str, float]]:
+    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; status [N, K]: 0, or 1 +
+    the index in FAILURES of how the call failed; the `summarize` metrics and the time it took). A
+    failed call scores 0; the failures of each reward are logged with the first message.
 
     Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
     completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
@@ -275,8 +277,11 @@ def call(
             + ("" if completion_lens is None else f" and completion_lens ({len(completion_lens)})")
             + " must have one entry per completion"
         )
+    if len(weights) != k:
+        raise ValueError(f"score: {len(weights)} weights for {k} reward functions")
     if num_workers and num_workers not in _POOLS:
         _POOLS[num_workers] = _Pool(num_workers)
+    start = time.perf_counter()
     jobs = [
         (fn, (prompts[i], completions[i], examples[i]), {} if completion_lens is None else {"completion_len": int(completion_lens[i])})
         for i in range(n)
@@ -293,7 +298,9 @@ def call(
             if count:
                 first = next(v for (_, v), st in zip(outcomes[j::k], status[:, j]) if st == code)
                 log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", _name(fn), count, n, kind, first)
-    return np.where(status > 0, 0.0, values.reshape(n, k)).astype(np.float32), status
+    rewards = np.where(status > 0, 0.0, values.reshape(n, k)).astype(np.float32)
+    metrics = {"reward/time_s": time.perf_counter() - start, **summarize(reward_fns, weights, rewards, status)}
+    return rewards, status, metrics
 
 
 def summarize(
@@ -302,11 +309,9 @@ def summarize(
     rewards: Float[np.ndarray, "completions rewards"],
     status: Int8[np.ndarray, "completions rewards"],
 ) -> dict[str, float]:
-    """The reward/ metrics of rows scored by `call` (in a run over several processes, of every
-    process's rows): mean and std per reward, failures per reward and kind, the weighted total's mean.
+    """The reward/ metrics of rows scored by `score` (in a run over several processes, every process's
+    rows together): mean and std per reward, failures per reward and kind, the weighted total's mean.
     `weights` only enter "reward/total_mean"."""
-    if len(weights) != len(reward_fns):
-        raise ValueError(f"summarize: {len(weights)} weights for {len(reward_fns)} reward functions")
     n, metrics = len(rewards), {}
     for j, fn in enumerate(reward_fns):
         name = _name(fn)
@@ -320,29 +325,10 @@ def summarize(
     return metrics
 
 
-def score(
-    reward_fns: Sequence[Callable[..., float]],
-    weights: Sequence[float],
-    prompts: Sequence[str],
-    completions: Sequence[str],
-    examples: Sequence[dict],
-    *,
-    completion_lens: Sequence[int] | None = None,
-    timeout_s: float = 5.0,
-    num_workers: int = 2,
-) -> tuple[Float[np.ndarray, "completions rewards"], Bool[np.ndarray, "completions rewards"], dict[str, float]]:
-    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; failed [N, K]; metrics):
-    `call`, then `summarize` with the time it took, for rows all scored in this process."""
-    start = time.perf_counter()
-    rewards, status = call(reward_fns, prompts, completions, examples, completion_lens=completion_lens,
-                           timeout_s=timeout_s, num_workers=num_workers)
-    metrics = {"reward/time_s": time.perf_counter() - start, **summarize(reward_fns, weights, rewards, status)}
-    return rewards, status > 0, metrics
-
-
-def usable_groups(failed: Bool[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
+def usable_groups(status: Int8[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
     """Per group of `group_size` rows: may it enter the update? With `on_failure="drop_group"` (see
-    RewardConfig) a group with any failed reward call is dropped; with "zero" its failures score 0."""
+    RewardConfig) a group with any failed reward call (nonzero `score` status) is dropped; with "zero"
+    its failures score 0."""
     if on_failure == "zero":
-        return np.ones(len(failed) // group_size, bool)
-    return ~failed.reshape(-1, group_size * failed.shape[1]).any(axis=1)
+        return np.ones(len(status) // group_size, bool)
+    return ~(status != 0).reshape(-1, group_size * status.shape[1]).any(axis=1)
