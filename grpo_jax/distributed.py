@@ -6,8 +6,9 @@
 Every process runs the same command on its own devices. `jax.distributed.initialize` joins them into
 one set of global devices before anything touches a device; from then on the mesh spans all hosts,
 each process feeds and reads only the rows its devices hold (grpo_jax/sharding.py, grpo_jax/trainer.py)
-and only process 0 writes logs. CPU collectives between processes go through gloo, JAX's default
-since 0.10. `train.out_dir` must be a directory that every process sees (checkpoints are written by all).
+and only process 0 writes logs. CPU devices of several processes talk through gloo, which is JAX's
+default (`jax_cpu_collectives_implementation`, as of JAX 0.10.2), so nothing is set for them here.
+`train.out_dir` must be a directory that every process sees: every process writes checkpoints there.
 """
 
 import argparse
