@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import run
+from grpo_jax import models, run
 from grpo_jax.train import parse_args
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -28,12 +28,14 @@ QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
 # The quickstart shrunk: a 1-layer model, 8 prompts x 4 samples a step in 2 minibatches (the second
 # update's ratio leaves 1), up to 8 new tokens with a length reward beside exact match (so rewards vary
 # within groups of an untrained model), 8 held-out prompts with 4 samples each (the same sampler
-# program as training), completions logged and a checkpoint saved every step, no compilation cache.
+# program as training), completions logged and a checkpoint saved every step, the policy exported to
+# safetensors at the end, no compilation cache.
 SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
         "model.num_kv_heads=1", "train.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=8",
         "train.minibatches=2", "train.eval_prompts=8", "train.eval_samples=4", "train.steps=4",
         "train.checkpoint_every=1", "reward.names=exact,length", "reward.weights=1,1", "reward.num_workers=0",
-        "optim.schedule=constant", "train.log_completions_every=1", "train.compilation_cache_dir="]
+        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true",
+        "train.compilation_cache_dir="]
 TIMING = ("time/", "throughput/", "reward/time_s")
 
 
@@ -125,6 +127,10 @@ def test_two_processes_log_what_one_does_and_resume_after_a_kill(tmp_path):
     resumed = run.train(parse_args(argv(tmp_path / "run")))  # the 2-process checkpoint, in 1 process
     assert_same_metrics(rows(tmp_path / "run"), want)
     for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The export gathers the policy from both processes' devices.
+    exported = [models.load_hf(out / "hf")[1] for out in (two, tmp_path / "reference")]
+    for a, b in zip(jax.tree.leaves(exported[0]), jax.tree.leaves(exported[1])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # The final evaluation's greedy completions, gathered from both processes, are those of one process;
     # the completion log holds process 0's rows (the first half of each step's batch).
