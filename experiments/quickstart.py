@@ -2,6 +2,8 @@
 
     pip install -e . && python experiments/quickstart.py [--results-dir DIR] [--seed N]
 
+(with the launch flags of grpo_jax/distributed.py to run over several processes).
+
 The supervised warm start (experiments/warm_start.py) stops early, as soon as greedy held-out
 accuracy reaches 20%, so that the model knows the answer format but not yet the arithmetic; GSPO
 (experiments/configs/quickstart.py) then trains on the exact-match reward alone. Prints a
@@ -19,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from grpo_jax import run
+from grpo_jax import distributed, run
 from grpo_jax.train import load_config
 from warm_start import warm_start  # experiments/warm_start.py (a script's folder is on sys.path)
 
@@ -30,16 +32,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results-dir", type=pathlib.Path, default=HERE / "results" / "quickstart")
     parser.add_argument("--seed", type=int, help="model init, data order and held-out draw (default: the config's)")
+    distributed.add_arguments(parser)
     args = parser.parse_args()
+    distributed.initialize(parser, args)
     results = args.results_dir
     start = time.perf_counter()
     cfg = load_config(HERE / "configs" / "quickstart.py")
     if args.seed is not None:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=args.seed))
-    shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # a fresh run, never a resume
+    distributed.remove(cfg.train.out_dir)  # a fresh run, never a resume
     params, sft_log = warm_start(cfg)
     warm_seconds = time.perf_counter() - start
     out = run.train(cfg, params)
+    if jax.process_index() != 0:  # process 0 writes the results
+        return
     rows = [json.loads(line) for line in (pathlib.Path(cfg.train.out_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "clip_frac_low" in r]
     clip = lambda r: r["clip_frac_low"] + r["clip_frac_high"]  # noqa: E731

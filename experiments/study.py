@@ -22,8 +22,9 @@ A study is one script, experiments/NAME.py: its config as code and its analysis.
     if __name__ == "__main__":
         study.main(get_study, claims)
 
-`main` parses `--quick` (get_study(True): at most 10 minutes on 2 CPU cores), `--results-dir DIR` and
-`--seeds`, then `run` does the study:
+`main` parses `--quick` (get_study(True): at most 10 minutes on 2 CPU cores), `--results-dir DIR`,
+`--seeds`, `--arms` and the launch flags of several processes (grpo_jax/distributed.py), then `run` does
+the study:
 - per seed, a supervised warm start (experiments/warm_start.py; `Study.warm_start`: one for every
   arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
   tokenizer, template, prompt and completion lengths, held-out size): the arms of a seed that share
@@ -48,7 +49,6 @@ import json
 import os
 import pathlib
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +57,7 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
+from grpo_jax import distributed, sharding
 from grpo_jax import run as run_lib
 from grpo_jax.config import Config, flatten
 from grpo_jax.logging import read_rows
@@ -222,16 +223,19 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
                     entry = {"config": {**dataclasses.asdict(ws), "target": ws.target.__name__}, "arms": [],
                              "steps": log[-1]["sft_step"], "accuracy_greedy": log[-1]["accuracy_greedy"],
                              "seconds": round(time.perf_counter() - t0, 1)}
-                    warm[key] = jax.device_get(params), entry  # on the host: each run's train state is donated
+                    warm[key] = sharding.gather(params), entry  # on the host: each run's train state is donated
                     warm_log.setdefault(str(seed), []).append(entry)
                 params, entry = warm[key]
                 entry["arms"].append(arm)
-            shutil.rmtree(out_dir, ignore_errors=True)
-            print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
+            distributed.remove(out_dir)
+            if jax.process_index() == 0:
+                print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
             out = run_lib.train(cfg, params)
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
             results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
+    if jax.process_index() != 0:  # process 0 writes the results
+        return {}
     summary = write(study, results, claims(results), results_dir, time.perf_counter() - start, loads, warm_log, git)
     print(f"\nwrote {results_dir}/summary.json, table.md and {len(study.plots)} plot(s)")
     print((results_dir / "table.md").read_text())
@@ -380,7 +384,9 @@ def plot(results: Results, p: Plot, path: pathlib.Path) -> None:
 
 
 def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[dict]], argv=None) -> dict:
-    """`python experiments/NAME.py [--quick] [--results-dir DIR] [--seeds 0 1 2] [--arms A B]`."""
+    """`python experiments/NAME.py [--quick] [--results-dir DIR] [--seeds 0 1 2] [--arms A B]`, and the
+    launch flags of several processes (grpo_jax/distributed.py: `--distributed`, or `--coordinator
+    HOST:PORT --num-processes N --process-id I`); process 0 writes the results."""
     parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__)
     parser.add_argument("--quick", action="store_true", help="the reduced study (at most 10 minutes on 2 CPU cores)")
     parser.add_argument("--results-dir", type=pathlib.Path,
@@ -388,7 +394,9 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
                              "or its quick/ subfolder with --quick)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the study's seeds")
     parser.add_argument("--arms", nargs="+", help="run only these of the study's arms (the table lists the arms run)")
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
+    distributed.initialize(parser, args)
     study = dataclasses.replace(get_study(args.quick), quick=args.quick)
     if args.seeds:
         study = dataclasses.replace(study, seeds=tuple(args.seeds))

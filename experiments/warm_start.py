@@ -10,11 +10,10 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from grpo_jax import data, sampling, trainer
+from grpo_jax import data, sampling, sharding, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config
 
@@ -37,21 +36,26 @@ class WarmStart:
     target: Callable[[dict, np.random.Generator], str] = answer_only  # completion text of an example
 
 
-def sft_batches(cfg: Config, ws: WarmStart, tok):
-    """Endless (tokens, positions, segment_ids, mask) batches of prompt + target + eos."""
+def sft_batches(cfg: Config, ws: WarmStart, tok, mesh):
+    """Endless (tokens, positions, segment_ids, mask) batches of prompt + target + eos, as global arrays:
+    each process builds the rows its devices hold (row r of batch i: example r, its target drawn with
+    a generator seeded by (seed, i, r))."""
     seed = cfg.train.seed + 1
     batches = data.batches(trainer.build_task(cfg).train, batch_size=ws.batch_size, seed=seed)
+    rows = sharding.process_rows(mesh, ws.batch_size)
     new = cfg.sampling.max_new_tokens
     for i in range(len(batches)):
-        examples, rng = batches[i], np.random.default_rng((seed, i))
+        examples = [batches[i][int(r)] for r in rows]
         prompts = sampling.pad_prompts([tok.encode(ex["prompt"]) for ex in examples], cfg.sampling)
-        targets = [tok.encode(ws.target(ex, rng), add_bos=False) + [tok.eos_id] for ex in examples]
+        targets = [tok.encode(ws.target(ex, np.random.default_rng((seed, i, int(r)))), add_bos=False) + [tok.eos_id]
+                   for ex, r in zip(examples, rows)]
         if max(map(len, targets)) > new:
             raise ValueError(f"a warm-start target has {max(map(len, targets))} tokens with eos > "
                              f"sampling.max_new_tokens={new}: raise it or shorten WarmStart.target")
         completions = np.array([t + [0] * (new - len(t)) for t in targets], np.int32)
         mask = (completions > 0).astype(np.float32)
-        yield (*ts.sequences(prompts.tokens, prompts.lengths, jnp.asarray(completions)), jnp.asarray(mask))
+        local = (*ts.sequences(prompts.tokens, prompts.lengths, completions), mask)
+        yield sharding.global_batch(local, mesh, ws.batch_size)
 
 
 def warm_start(cfg: Config, ws: WarmStart = WarmStart(), params=None) -> tuple[object, list[dict]]:
@@ -74,7 +78,7 @@ def warm_start(cfg: Config, ws: WarmStart = WarmStart(), params=None) -> tuple[o
         return optax.apply_updates(params, updates), opt_state, value
 
     log = []
-    for i, batch in enumerate(sft_batches(cfg, ws, t.task.tokenizer), 1):
+    for i, batch in enumerate(sft_batches(cfg, ws, t.task.tokenizer, t.mesh), 1):
         params, opt_state, loss = step(params, opt_state, *batch)
         if i % ws.eval_every == 0 or i == ws.max_steps:
             t.state = dataclasses.replace(t.state, params=params)

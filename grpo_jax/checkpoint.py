@@ -11,6 +11,9 @@ then are checkpoints beyond the newest `keep` deleted, so a kill at any moment l
 complete one. `latest_intact` walks back from the newest: one without checksums (its save was cut
 short) is deleted, one whose files no longer match (a flipped bit, a truncated or missing file) is
 renamed `<step>.damaged` with a warning, and the next older one is tried.
+
+Over several processes every process saves and restores its shards of the global arrays (orbax);
+process 0 writes the checksums and judges which checkpoint is intact, for all.
 """
 
 import hashlib
@@ -22,7 +25,9 @@ import shutil
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 CHECKSUMS = "checksums.json"
 log = logging.getLogger(__name__)
@@ -68,8 +73,8 @@ class Checkpointer:
             tmp = path / (CHECKSUMS + ".tmp")
             tmp.write_text(json.dumps(_digests(path), indent=0))
             os.replace(tmp, path / CHECKSUMS)  # atomic: the checkpoint is complete from here on
-            for old in self.all_steps()[: -self.keep]:
-                self.manager.delete(old)
+        for old in self.all_steps()[: -self.keep]:  # on every process: orbax deletes behind a barrier
+            self.manager.delete(old)
         return True
 
     def all_steps(self) -> list[int]:
@@ -97,7 +102,21 @@ class Checkpointer:
 
         Incomplete ones above it are deleted and damaged ones renamed `<step>.damaged`, with a warning.
         Raises when checkpoints exist but every one is damaged: starting over would discard the run.
+        Over several processes, process 0 checks and moves the files and the others take its verdict.
         """
+        step, damaged = self._verify() if jax.process_index() == 0 else (None, "")
+        if jax.process_count() > 1:  # also a barrier: no process reloads before process 0 has moved the files
+            verdict = int(multihost_utils.broadcast_one_to_all(np.int32(-2 if damaged else -1 if step is None else step)))
+            step = None if verdict < 0 else verdict
+            damaged = damaged or ("see process 0's error" if verdict == -2 else "")
+        if damaged:
+            raise RuntimeError(f"every checkpoint in {self.directory} is damaged ({damaged}): restore them from a "
+                               "backup, or delete the directory to start the run over")
+        self.manager.reload()
+        return step
+
+    def _verify(self) -> tuple[int | None, str]:
+        """`latest_intact`'s work, on process 0: (the step, or None), or (None, what damaged them all)."""
         problems = {}
         for step in reversed(self.all_steps()):
             problems[step] = self.problem(step)
@@ -105,25 +124,18 @@ class Checkpointer:
                 break
         damaged = {s: p for s, p in problems.items() if p not in (None, "incomplete")}
         if damaged and None not in problems.values():
-            raise RuntimeError(
-                f"every checkpoint in {self.directory} is damaged ("
-                + "; ".join(f"step {s}: {p}" for s, p in damaged.items())
-                + "): restore them from a backup, or delete the directory to start the run over"
-            )
+            return None, "; ".join(f"step {s}: {p}" for s, p in damaged.items())
         for step, why in problems.items():
             if why == "incomplete":
                 log.warning("checkpoint step %d in %s was not completed (no %s): deleting it", step, self.directory, CHECKSUMS)
-                if jax.process_index() == 0:
-                    shutil.rmtree(self.directory / str(step))
+                shutil.rmtree(self.directory / str(step))
             elif why is not None:
                 target = self.directory / f"{step}.damaged"
                 log.warning("checkpoint step %d in %s is damaged (%s): falling back to an older one; "
                             "moved to %s", step, self.directory, why, target)
-                if jax.process_index() == 0:
-                    shutil.rmtree(target, ignore_errors=True)
-                    (self.directory / str(step)).rename(target)
-        self.manager.reload()
-        return next((s for s, p in problems.items() if p is None), None)
+                shutil.rmtree(target, ignore_errors=True)
+                (self.directory / str(step)).rename(target)
+        return next((s for s, p in problems.items() if p is None), None), ""
 
     def read_meta(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
@@ -150,10 +162,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def export_hf(model_cfg, params, path: str | pathlib.Path, tokenizer_dir: str | pathlib.Path = "") -> None:
     """Writes the policy as a Hugging Face directory (config.json + safetensors), with the tokenizer
-    files of `tokenizer_dir` (the source checkpoint) copied beside it when given."""
-    from grpo_jax import models
+    files of `tokenizer_dir` (the source checkpoint) copied beside it when given. Called on every
+    process: the params are gathered to each host (one leaf at a time), and process 0 writes."""
+    from grpo_jax import models, sharding
 
-    models.save_hf(model_cfg, jax.device_get(params), str(path))
+    params = sharding.gather(params)
+    if jax.process_index() != 0:
+        return
+    models.save_hf(model_cfg, params, str(path))
     for name in TOKENIZER_FILES if tokenizer_dir else ():
         if (pathlib.Path(tokenizer_dir) / name).is_file():
             shutil.copy(pathlib.Path(tokenizer_dir) / name, pathlib.Path(path) / name)

@@ -5,6 +5,7 @@ ever saved:
 
 - SIGINT (Ctrl-C) and SIGTERM (preemption) finish the step in flight, save it and stop
   (KeyboardInterrupt, or SystemExit(143) for SIGTERM); a second signal abandons the step, unsaved.
+  Over several processes, a signal to any one stops them all at the same step boundary.
 - An exception inside a step saves nothing (the state is half-updated; the last checkpoint is the
   consistent one), as a kill would.
 - A resume takes the newest intact checkpoint (`Checkpointer.latest_intact`: checksummed, with a
@@ -21,6 +22,8 @@ import threading
 import time
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from grpo_jax import checkpoint, trainer
 from grpo_jax import train_step as ts
@@ -48,6 +51,13 @@ class Interrupts:
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+    def requested(self) -> bool:
+        """Must the run stop at this step boundary? Over several processes, all stop (and save together)
+        when any was signalled, as by the highest signal number received; a collective there."""
+        if jax.process_count() > 1:
+            self.signum = int(multihost_utils.process_allgather(np.int32(self.signum or 0)).max()) or None
+        return self.signum is not None
 
     def stop(self):
         raise KeyboardInterrupt if self.signum == signal.SIGINT else SystemExit(128 + self.signum)
@@ -119,9 +129,7 @@ def train(cfg: Config, params=None, **data) -> dict:
     finally:
         ckpt.close()
     if tr.export_hf:
-        policy = t.export_params()  # on every process: under LoRA a computation over the global arrays
-        if jax.process_index() == 0:
-            checkpoint.export_hf(cfg.model, policy, out / "hf", tokenizer_dir=t.source_path)
+        checkpoint.export_hf(cfg.model, t.export_params(), out / "hf", tokenizer_dir=t.source_path)
     return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
             "params": t.state.params}  # the trained params (under LoRA: the adapters)
 
@@ -151,7 +159,7 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
             if t.step == 0 and not logger.history and t.task.held_out is not None:
                 first = t.evaluate()
                 logger.log(0, first)
-            while t.step < tr.steps and interrupts.signum is None:
+            while t.step < tr.steps and not interrupts.requested():
                 metrics, updates = t.train_step()
                 if t.task.held_out is not None and (t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0)):
                     last, examples = t.evaluate_examples()

@@ -7,6 +7,10 @@ same table shards params, optimizer state, the KV cache and, inside programs tra
 dimension of the same array stays replicated (batch takes fsdp, so activations' embed does not);
 one whose size does not divide by its mesh axes is replicated with a warning naming the rule and
 the shape (e.g. 2 kv heads on tensor=4).
+
+Over several processes (hosts), a process owns the rows of a batch that its devices hold
+(`process_rows`): it builds global arrays from those rows alone (`global_batch`), reads them back from
+its devices (`local_rows`) and gathers whole values only where it must (`gather`).
 """
 
 import contextlib
@@ -17,6 +21,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax.config import MeshConfig
@@ -155,20 +160,57 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(RULES["batch"], *([None] * (ndim - 1))))
 
 
-def global_batch(local: Any, mesh: Mesh) -> Any:
-    """Global arrays from each process's slice of the batch (leading axis), multi-host ready."""
-    n = math.prod(mesh.shape[a] for a in RULES["batch"])
+def process_rows(mesh: Mesh, n: int) -> np.ndarray:
+    """The rows of an n-row batch split by the `batch` rule that this process's devices hold, ascending:
+    the rows it samples, scores and feeds (all of them in a one-process run; processes whose devices
+    differ only along other mesh axes hold the same rows)."""
+    shards = math.prod(mesh.shape[a] for a in RULES["batch"])
+    if n % shards:
+        raise ValueError(
+            f"a batch of {n} rows does not divide over the {RULES['batch']} mesh axes ({shards} devices); "
+            "change the batch size or MeshConfig"
+        )
+    index = batch_sharding(mesh, 1).addressable_devices_indices_map((n,))
+    return np.unique(np.concatenate([np.arange(n)[i] for i in index.values()]))
+
+
+def global_batch(local: Any, mesh: Mesh, size: int | None = None) -> Any:
+    """Global arrays of `size` rows split by the `batch` rule from this process's rows: `local` holds
+    rows `process_rows(mesh, size)`, in order, and each process passes only those. `size` defaults to
+    the local rows times the process count (equal shares)."""
 
     def one(x):
         x = np.asarray(x)
-        if (x.shape[0] * jax.process_count()) % n:
-            raise ValueError(
-                f"global batch {x.shape[0] * jax.process_count()} does not divide over the "
-                f"{RULES['batch']} mesh axes ({n} devices); change the batch size or MeshConfig"
-            )
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
+        n = x.shape[0] * jax.process_count() if size is None else size
+        rows = process_rows(mesh, n)
+        if len(rows) != x.shape[0]:
+            raise ValueError(f"this process holds {len(rows)} of the batch's {n} rows, but {x.shape[0]} were given")
+        return jax.make_array_from_callback(
+            (n, *x.shape[1:]), batch_sharding(mesh, x.ndim),
+            lambda index: x[np.searchsorted(rows, np.arange(n)[index[0]])],
+        )
 
     return jax.tree.map(one, local)
+
+
+def local_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` (this process's, `process_rows`) of a global array split by the `batch` rule, read
+    from this process's devices into one host array."""
+    out = np.empty((len(rows), *x.shape[1:]), x.dtype)
+    read = set()
+    for shard in x.addressable_shards:
+        held = np.arange(x.shape[0])[shard.index[0]]
+        if held[0] not in read:  # replicas along other mesh axes are read once
+            read.add(held[0])
+            out[np.searchsorted(rows, held)] = np.asarray(shard.data)
+    return out
+
+
+def gather(tree: Any) -> Any:
+    """The whole values of global arrays as (writable) host numpy, on every process: what a process
+    needs of the rows others hold (a group's rewards), what it logs, and the policy it exports. A
+    collective: every process calls it."""
+    return jax.tree.map(lambda x: np.array(multihost_utils.process_allgather(x, tiled=True)), tree)
 
 
 __all__ = [
@@ -177,10 +219,13 @@ __all__ = [
     "activation_rules",
     "batch_sharding",
     "cache_shardings",
+    "gather",
     "global_batch",
+    "local_rows",
     "logical_spec",
     "make_mesh",
     "param_shardings",
+    "process_rows",
     "shard_params",
     "spec_shardings",
     "tree_shardings",

@@ -4,7 +4,9 @@ An experiment config is a Python file whose `get_config()` returns a `grpo_jax.c
 (config as code); `--set` overrides any field, parsed by the field's type. A config builds on
 another of its folder by a relative import (`from .gsm8k import get_config as base`), with no
 sys.path edits. A run resumes from the latest intact checkpoint in `train.out_dir` if there is one
-(grpo_jax/run.py); Ctrl-C or SIGTERM saves the step in flight and exits with 130 or 143.
+(grpo_jax/run.py); Ctrl-C or SIGTERM saves the step in flight and exits with 130 or 143. Over several
+processes (hosts), every process runs the same command with `--distributed` (a cluster JAX detects: TPU
+VM pods, SLURM) or `--coordinator HOST:PORT --num-processes N --process-id I` (grpo_jax/distributed.py).
 """
 
 import argparse
@@ -14,6 +16,7 @@ import pathlib
 import sys
 import types
 
+from grpo_jax import distributed
 from grpo_jax.config import Config, override
 
 
@@ -58,13 +61,17 @@ def load_config(path: str | pathlib.Path) -> Config:
 
 
 def parse_args(argv=None) -> Config:
+    """The run's Config; with the launch flags of several processes, joins them first
+    (`grpo_jax.distributed`)."""
     parser = argparse.ArgumentParser(prog="python -m grpo_jax.train", description=__doc__)
     parser.add_argument("--config", required=True, help="experiment file defining get_config()")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a field, e.g. --set algorithm.preset=gspo --set train.steps=100",
     )
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
+    distributed.initialize(parser, args)
     return override(load_config(args.config), args.set)
 
 

@@ -8,7 +8,7 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
    `train.prompts_per_step` groups are kept or `algorithm.max_gen_batches` rounds are spent (a short
    batch is padded with masked rows, so shapes and compilations never change);
 2. score on the host (`rewards.score`), add DAPO overlong shaping, mask truncated completions,
-   compute advantages on the kept groups;
+   compute advantages on the kept groups, and assemble the batch on device;
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
@@ -18,10 +18,18 @@ The examples and rewards come from the config (a registered task, registered rew
 passed in code: `Trainer(cfg, examples=[...], held_out=[...], rewards={"name": fn})` with
 `cfg.task = data.Examples()`.
 
+Over several processes (one per host), every batch is global and each process works on the rows its
+devices hold (`sharding.process_rows`): it reads only those prompts, decodes and scores only those
+completions, and gathers the whole batch's rewards, lengths and finish reasons, which every process
+needs alike to choose groups and compute advantages. Rows are numbered globally (prompt p of a batch
+is the batch's p-th example; sample g of it draws from a key of (p, g)), so a run does not depend on
+the number of processes.
+
 The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_jax/run.py`.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -122,6 +130,42 @@ def check_prompts(cfg: Config, task: Task) -> None:
                                  "or remove the example")
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _rollout_rows(cfg, sampling_cfg, stop_ids, mesh, params, row_prompts: sampling.Prompts, rng) -> sampling.Rollout:
+    """`sampling.rollout` of prompts given once per row (row p*G + g holds prompt p), so that each
+    process passes only the rows it holds (`sharding.global_batch`); the G rows of a prompt still share
+    one prefill."""
+    prompts = jax.tree.map(lambda x: x[:: sampling_cfg.group_size], row_prompts)
+    return sampling.rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _pack(mesh, mask_truncated: bool, minibatches: int, drawn: tuple, source, advantages) -> list[ts.Batch]:
+    """The rollout batch, assembled on device from the drawn rounds ((row prompts, rollout) each): row j
+    is row `source[j]` of their rows concatenated, or a masked padding row where -1 (prompt length 1,
+    zero tokens, experts 0..k-1). Rows move between devices (and hosts) here, not through the host.
+    Split into `minibatches` Batches sharded by rows, without l^old."""
+    def take(get, pad):
+        x = jnp.concatenate([get(prompts, r) for prompts, r in drawn])
+        keep = (source >= 0).reshape(-1, *(1,) * (x.ndim - 1))
+        return jnp.where(keep, x[jnp.maximum(source, 0)], pad)
+
+    prompt_tokens = take(lambda p, r: p.tokens, 0)
+    prompt_lengths = take(lambda p, r: p.lengths, 1)
+    completions = take(lambda p, r: r.tokens, 0)
+    mask = take(lambda p, r: (r.mask & ~r.truncated[:, None] if mask_truncated else r.mask).astype(jnp.float32), 0.0)
+    sampler_logp = take(lambda p, r: r.logprobs, 0.0)
+    routes = None
+    if drawn[0][1].routes is not None:
+        routes = take(lambda p, r: r.routes, jnp.arange(drawn[0][1].routes.shape[-1], dtype=jnp.int32))
+    tokens, positions, segment_ids = ts.sequences(prompt_tokens, prompt_lengths, completions)
+    batch = ts.Batch(tokens, positions, segment_ids, mask, None, sampler_logp, advantages, routes)
+    size = len(source) // minibatches
+    return [jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[j * size:(j + 1) * size],
+                                                                    sharding.batch_sharding(mesh, x.ndim)), batch)
+            for j in range(minibatches)]
+
+
 class Trainer:
     """Holds the mesh, the compiled pieces and the train state of one run. `examples`, `held_out` and
     `rewards` pass the data and reward functions in code (see `build_task`)."""
@@ -192,49 +236,62 @@ class Trainer:
 
     # -- rollouts --------------------------------------------------------------------------------
 
-    def _prompts(self, examples: list[dict]) -> tuple[list[str], sampling.Prompts]:
+    def _prompts(self, examples: data.Source) -> tuple[list[str], sampling.Prompts]:
         tok = self.task.tokenizer
         chat = getattr(tok, "apply_chat_template", None)
-        texts = [data.render(self.cfg.template, ex, chat) for ex in examples]
+        texts = [data.render(self.cfg.template, examples[i], chat) for i in range(len(examples))]
         return texts, sampling.pad_prompts([tok.encode(t) for t in texts], self.cfg.sampling)
 
-    def sample(self, examples: list[dict], rng, sampling_cfg) -> dict:
-        """Generates, decodes and scores `sampling_cfg.group_size` completions per example (host numpy)."""
-        texts, prompts = self._prompts(examples)
-        prompts = jax.device_put(prompts, NamedSharding(self.mesh, P()))
-        t0 = time.perf_counter()
-        rollout = sampling.generate(self.cfg.model, self.policy_params, prompts, rng, sampling_cfg, self.mesh)
-        if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes leave the device only for R3
-            rollout = dataclasses.replace(rollout, routes=None)
-        rollout = jax.device_get(jax.block_until_ready(rollout))
-        generate_s = time.perf_counter() - t0
+    def sample(self, examples: data.Source, rng, sampling_cfg) -> dict:
+        """Generates `sampling_cfg.group_size` completions per example of a global prompt batch
+        (`examples`: random access, every process the same). Rows are global: row p*G + g is sample g of
+        prompt p, its key derived from (p, g), so nothing depends on the number of processes. This
+        process reads, renders, decodes and scores only its own rows (`sharding.process_rows`: those its
+        devices hold); the rewards, lengths and finish reasons of every row come back to every process
+        (host numpy), since groups, advantages and metrics need them whole."""
         g = sampling_cfg.group_size
-        lengths = np.asarray(rollout.lengths)
-        completions = [self.task.tokenizer.decode(t[:n]) for t, n in zip(rollout.tokens, lengths)]
-        scores, failed, metrics = rewards.score(
-            [r.fn for r in self.task.rewards],
-            self.cfg.reward.weights,
-            np.repeat(texts, g).tolist(),
-            completions,
-            [ex for ex in examples for _ in range(g)],
-            completion_lens=lengths.tolist(),
-            timeout_s=self.cfg.reward.timeout_s,
-            num_workers=self.cfg.reward.num_workers,
+        n = len(examples) * g
+        rows = sharding.process_rows(self.mesh, n)
+        prompt_ids = np.unique(rows // g)
+        mine = [examples[int(p)] for p in prompt_ids]
+        texts, prompts = self._prompts(mine)
+        stop_ids = sampling.check_prompts(self.cfg.model, prompts, sampling_cfg)
+        of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
+        row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.mesh, n)
+        t0 = time.perf_counter()
+        rollout = _rollout_rows(self.cfg.model, sampling_cfg, stop_ids, self.mesh, self.policy_params, row_prompts, rng)
+        if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes stay only for R3
+            rollout = dataclasses.replace(rollout, routes=None)
+        tokens, lengths = (sharding.local_rows(x, rows) for x in jax.block_until_ready((rollout.tokens, rollout.lengths)))
+        generate_s = time.perf_counter() - t0
+        completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
+        row_texts = [texts[i] for i in of_row]
+        fns, weights = [r.fn for r in self.task.rewards], self.cfg.reward.weights
+        scores, status, metrics = rewards.score(
+            fns, weights, row_texts, completions, [mine[i] for i in of_row], completion_lens=lengths.tolist(),
+            timeout_s=self.cfg.reward.timeout_s, num_workers=self.cfg.reward.num_workers,
         )
+        # every process's rows: groups, advantages and the metrics need them all
+        scores, status = sharding.gather(sharding.global_batch((scores, status), self.mesh, n))
+        metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
+        lengths, truncated = sharding.gather((rollout.lengths, rollout.truncated))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
-            prompts=prompts, texts=texts, rollout=rollout, rewards=scores, metrics=metrics, completions=completions,
-            generate_s=generate_s,
+            prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
+            rewards=scores, lengths=lengths, truncated=truncated, metrics=metrics, generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
-            usable=rewards.usable_groups(failed, g, self.cfg.reward.on_failure),
+            usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
 
-    def rollout_batch(self, rng) -> tuple[tuple[np.ndarray | None, ...], dict]:
-        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled).
+    def rollout_batch(self, rng) -> tuple[list[ts.Batch], dict]:
+        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled);
+        returns its `train.minibatches` minibatches (global arrays, without l^old) and the metrics.
 
         A group is informative when its completions differ in correctness (0 < correct < G, the DAPO
         paper's condition), or, for a task without a correctness reward, in total reward; dynamic
-        sampling keeps only those, and `groups/zero_variance_frac` counts the others."""
+        sampling keeps only those, and `groups/zero_variance_frac` counts the others. Which groups are
+        kept, and their advantages, every process computes alike from the rewards of all rows; the rows
+        themselves move to their place in the batch on device (`_pack`)."""
         cfg, alg, g = self.cfg, self.cfg.algorithm, self.cfg.sampling.group_size
         want = cfg.train.prompts_per_step
         shaping = alg.overlong_buffer_frac > 0
@@ -246,90 +303,63 @@ class Trainer:
             sample_time += time.perf_counter() - t0
             self.position += 1
             rounds += 1
-            lengths = np.asarray(s["rollout"].lengths)
             scores = s["rewards"]
             if shaping:  # one more reward column, of weight 1
-                pen = np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))
+                pen = np.asarray(algorithms.overlong_penalty(alg, s["lengths"], cfg.sampling.max_new_tokens))
                 scores = np.concatenate([scores, pen[:, None]], axis=1)
             signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
             s["informative"] = np.ptp(signal.reshape(-1, g), axis=1) > 0
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
             keep &= s["usable"]  # reward failures: rewards.usable_groups
+            kept += [(len(drawn), i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
             drawn.append(s)
-            kept += [(s, i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
-        host = self._batch(kept, weights)
-        *_, advantages, _routes = host
-        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=advantages)  # for the logs
-        return host, self._rollout_metrics(drawn, kept, rounds, sample_time)
+        source, advantages, mask_lengths = self._plan(drawn, kept, weights)
+        self.last_rollout = dict(drawn=drawn, kept=kept, advantages=advantages, train_tokens=float(mask_lengths.sum()))
+        batches = _pack(self.mesh, alg.mask_truncated, cfg.train.minibatches,
+                        tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages)
+        return batches, self._rollout_metrics(drawn, kept, rounds, sample_time)
 
-    def _batch(self, kept: list, weights: np.ndarray) -> tuple[np.ndarray | None, ...]:
-        """Packs the kept groups, padded to the full batch with masked rows, as host arrays
-        (tokens, positions, segment_ids, mask, sampler_logp, advantages, routes); routes are the
-        sampler's (`Rollout.routes`) for routing_replay="sampler", else None."""
-        cfg, g = self.cfg, self.cfg.sampling.group_size
-        alg, model = cfg.algorithm, cfg.model
-        new, width = cfg.sampling.max_new_tokens, cfg.sampling.max_prompt_len
-        tokens = np.zeros((self.rows, width + new), np.int32)
-        prompt_lengths = np.ones((self.rows,), np.int32)
-        mask = np.zeros((self.rows, new), np.float32)
-        sampler_logp = np.zeros((self.rows, new), np.float32)
-        advantages = np.zeros((self.rows,), np.float32)
-        routes = None
-        if alg.routing_replay == "sampler":  # padding rows: experts 0..k-1, as unwritten cache slots
-            k = model.num_experts_per_tok
-            shape = (self.rows, sum(model.moe_layers), width + new - 1, k)
-            routes = np.broadcast_to(np.arange(k, dtype=np.int32), shape).copy()
+    def _plan(self, drawn: list[dict], kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Where each row of the rollout batch comes from (its index among the drawn rounds' rows, -1
+        for the masked rows that pad a short batch), its advantage, and its counted tokens (the
+        completion length, 0 for a truncated one under `algorithm.mask_truncated`). Host numpy, the same
+        on every process."""
+        alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
+        source = np.full(self.rows, -1, np.int32)
+        advantages = np.zeros(self.rows, np.float32)
+        mask_lengths = np.zeros(self.rows, np.int32)
+        for j, (r, i, _) in enumerate(kept):
+            s, rows = drawn[r], slice(i * g, (i + 1) * g)
+            source[j * g:(j + 1) * g] = r * len(s["lengths"]) + np.arange(i * g, (i + 1) * g)
+            mask_lengths[j * g:(j + 1) * g] = np.where(alg.mask_truncated & s["truncated"][rows], 0, s["lengths"][rows])
         n = len(kept) * g
-        for j, (s, i, _) in enumerate(kept):
-            rows, src = slice(j * g, (j + 1) * g), slice(i * g, (i + 1) * g)
-            r = s["rollout"]
-            tokens[rows, :width] = np.asarray(s["prompts"].tokens)[i]
-            prompt_lengths[rows] = np.asarray(s["prompts"].lengths)[i]
-            tokens[rows, width:] = r.tokens[src]
-            m = np.asarray(r.mask[src], np.float32)
-            if alg.mask_truncated:
-                m = m * ~np.asarray(r.truncated[src])[:, None]
-            mask[rows] = m
-            sampler_logp[rows] = r.logprobs[src]
-            if routes is not None:
-                routes[rows] = r.routes[src]
         if n:
-            scores = np.concatenate([sc for _, _, sc in kept])
-            advantages[:n] = np.asarray(
-                algorithms.compute_advantages(
-                    alg, scores, group_size=g, lengths=mask[:n].sum(1).astype(np.int32), reward_weights=weights
-                )
-            )
-        tok, pos, seg = map(np.asarray, ts.sequences(tokens[:, :width], prompt_lengths, tokens[:, width:]))
-        return tok, pos, seg, mask, sampler_logp, advantages, routes
+            advantages[:n] = np.asarray(algorithms.compute_advantages(
+                alg, np.concatenate([sc for _, _, sc in kept]), group_size=g, lengths=mask_lengths[:n],
+                reward_weights=weights))
+        return source, advantages, mask_lengths
 
-    def minibatches(self, host: tuple[np.ndarray | None, ...]) -> list[ts.Batch]:
-        """Splits the host rollout batch into global minibatches and attaches l^old (and, for MoE
-        policies, pi_old's routes) to each, all under the params that sampled them (before any update
-        of this step); none when the updates are on-policy (`train_step.on_policy`: the update takes
-        sg(l) from its own forward)."""
-        cfg, k = self.cfg, self.cfg.train.minibatches
-        size = self.rows // k
+    def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
+        """Attaches l^old (and, for MoE policies, pi_old's routes) to each minibatch of a rollout batch,
+        all under the params that sampled them (before any update of this step); none when the updates
+        are on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
+        cfg = self.cfg
+        if ts.on_policy(cfg):
+            return batches
         out = []
-        for j in range(k):
-            tok, pos, seg, mask, sampler_logp, adv, routes = sharding.global_batch(
-                tuple(None if a is None else a[j * size:(j + 1) * size] for a in host), self.mesh
-            )
-            old_logp = None
-            if not ts.on_policy(cfg):
-                with sharding.activation_rules(self.mesh):
-                    old_logp, routes = ts.old_logprobs(
-                        cfg.model, cfg.sampling.temperature, self.policy_params, tok, pos, seg, mask, routes
-                    )
-            out.append(ts.Batch(tok, pos, seg, mask, old_logp, sampler_logp, adv, routes))
+        for b in batches:
+            with sharding.activation_rules(self.mesh):
+                old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.policy_params,
+                                                   b.tokens, b.positions, b.segment_ids, b.mask, b.routes)
+            out.append(dataclasses.replace(b, old_logp=old_logp, routes=routes))
         return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
-        lengths = np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])
-        truncated = np.concatenate([np.asarray(s["rollout"].truncated) for s in drawn])
+        lengths = np.concatenate([s["lengths"] for s in drawn])
+        truncated = np.concatenate([s["truncated"] for s in drawn])
         total = np.concatenate([s["rewards"] @ np.asarray(self.cfg.reward.weights, np.float32) for s in drawn])
         m = {
             "reward/mean": float(total.mean()),
@@ -358,19 +388,24 @@ class Trainer:
         """The last rollout batch's weighted total rewards and completion lengths, every drawn row."""
         drawn, w = self.last_rollout["drawn"], np.asarray(self.cfg.reward.weights, np.float32)
         return {"reward/total": np.concatenate([s["rewards"] @ w for s in drawn]),
-                "completion/length": np.concatenate([np.asarray(s["rollout"].lengths) for s in drawn])}
+                "completion/length": np.concatenate([s["lengths"] for s in drawn])}
 
     def completion_records(self) -> list[dict]:
-        """The last rollout batch's trained completions (the kept groups), one JSON-ready dict each."""
+        """The last rollout batch's trained completions (the kept groups) that this process holds, one
+        JSON-ready dict each (process 0 writes them: on several processes, its share of the rows)."""
         g, names = self.cfg.sampling.group_size, self.cfg.reward.names
         out = []
-        for j, (s, i, _) in enumerate(self.last_rollout["kept"]):
+        for j, (r, i, _) in enumerate(self.last_rollout["kept"]):
+            s = self.last_rollout["drawn"][r]
             for row in range(i * g, (i + 1) * g):
+                k = np.searchsorted(s["rows"], row)
+                if k == len(s["rows"]) or s["rows"][k] != row:
+                    continue  # another process's row
                 out.append({
-                    "prompt": s["texts"][i], "completion": s["completions"][row],
+                    "prompt": s["texts"][k], "completion": s["completions"][k],
                     "rewards": dict(zip(names, s["rewards"][row].tolist())),
                     "advantage": float(self.last_rollout["advantages"][j * g + row - i * g]),
-                    "length": int(s["rollout"].lengths[row]), "truncated": bool(s["rollout"].truncated[row]),
+                    "length": int(s["lengths"][row]), "truncated": bool(s["truncated"][row]),
                 })
         return out
 
@@ -379,24 +414,24 @@ class Trainer:
     def train_step(self) -> tuple[dict, list[dict]]:
         """One RL step; returns the step's metrics and the per-update train metrics."""
         t0 = time.perf_counter()
-        host, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
-        adv = host[5][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
+        batches, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
+        adv = self.last_rollout["advantages"][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
         metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         t1 = time.perf_counter()
-        batches = self.minibatches(host)  # l^old: once, fixed for all mu passes
+        batches = self.minibatches(batches)  # l^old: once, fixed for all mu passes
         updates = []
         for _ in range(self.cfg.algorithm.num_iterations):
             for mb in batches:
                 lr = float(self.schedule(int(self.state.step)))
                 self.state, m = self.update(self.state, self.ref_params, mb)
                 updates.append({**m, "learning_rate": metrics_lib.Metric.mean(lr)})
-        updates = jax.device_get(updates)
+        updates = jax.device_get(updates)  # replicated scalars: on every process
         t2 = time.perf_counter()
         # Updates merge by their weights: counters add, means weigh by what they average over.
         metrics.update({k: float(v) for k, v in metrics_lib.finalize(metrics_lib.combine_all(updates)).items()})
         updates = [{k: float(v) for k, v in metrics_lib.finalize(u).items()} for u in updates]
-        train_tokens = float(host[3].sum()) * self.cfg.algorithm.num_iterations
+        train_tokens = self.last_rollout["train_tokens"] * self.cfg.algorithm.num_iterations
         metrics.update({
             "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
             "throughput/train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
@@ -418,12 +453,15 @@ class Trainer:
         for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
             scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
             s = self.sample(examples, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
-            total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), np.asarray(s["rollout"].lengths)
+            total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), s["lengths"]
             out.update(evaluation.summarize(mode, g, total, lengths, s["correct"]))
+            if greedy:  # every example's completion, whichever process sampled it
+                tokens = sharding.gather(s["rollout"].tokens)
+                completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
             for i, row in enumerate(rows):
                 group = slice(i * g, (i + 1) * g)
                 if greedy:
-                    row["greedy"] = {"completion": s["completions"][i],
+                    row["greedy"] = {"completion": completions[i],
                                      "rewards": dict(zip(self.cfg.reward.names, s["rewards"][i].tolist()))}
                 else:
                     row["sampled"] = {"samples": g, "reward_mean": float(total[group].mean()),

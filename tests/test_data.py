@@ -136,7 +136,7 @@ def test_load_tfds_built_without_tensorflow(tiny_tfds):
     source = data.load_tfds("grpo_jax_gsm8k_tiny", split="train", data_dir=tiny_tfds, format="gsm8k")
     assert len(source) == 16
     assert _pairs(source) == _pairs(data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")[:16])
-    batch = data.batches(source, batch_size=4, seed=0, process_index=0, process_count=1)[0]
+    batch = data.batches(source, batch_size=4, seed=0)[0]
     assert len(batch) == 4 and all(isinstance(e["prompt"], str) for e in batch)
     assert "tensorflow" not in sys.modules
     with pytest.raises(FileNotFoundError, match="no TFDS dataset"):
@@ -201,26 +201,37 @@ def _ids(batch):
     return [e["prompt"] for e in batch]
 
 
-def test_batches_shard_disjointly_over_processes():
-    source = data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")
-    shards = [data.batches(source, batch_size=5, seed=1, process_index=p, process_count=2) for p in range(2)]
-    epoch = [[q for step in range(2) for q in _ids(shards[p][step])] for p in range(2)]
-    assert not set(epoch[0]) & set(epoch[1])  # disjoint halves...
-    assert sorted(epoch[0] + epoch[1]) == sorted(e["prompt"] for e in source)  # ...covering the epoch
-    second = [q for p in range(2) for step in range(2, 4) for q in _ids(shards[p][step])]
-    assert sorted(second) == sorted(e["prompt"] for e in source)  # every epoch sees every example
-    assert second != epoch[0] + epoch[1]  # in a new order
+class Counted(list):
+    """A list that counts the examples read from it."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i)
 
 
-def test_batches_resume_the_same_order_and_default_to_jax_processes():
+def test_batches_cut_each_epoch_in_order_and_read_only_what_is_indexed():
+    source = Counted(data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")[:10])
+    batches = data.batches(source, batch_size=5, seed=1)
+    epoch = [q for step in range(2) for q in _ids(batches[step])]
+    assert sorted(epoch) == sorted(e["prompt"] for e in source)  # every example once per epoch...
+    second = [q for step in range(2, 4) for q in _ids(batches[step])]
+    assert sorted(second) == sorted(epoch) and second != epoch  # ...in a new order each epoch
+    # A process reads only the examples of its rows: indexing one position of a batch reads one example.
+    source.reads = 0
+    assert batches[3][4]["prompt"] == second[-1] and source.reads == 1
+
+
+def test_batches_resume_the_same_order():
     source = data.Arithmetic(data.ArithmeticConfig(), "train", 64, seed=0)
-    first = data.batches(source, batch_size=8, seed=5)  # process 0 of 1 under jax
+    first = data.batches(source, batch_size=8, seed=5)
     order = [_ids(b) for b, _ in zip(first, range(12))]  # plain iteration, 1.5 epochs
     resumed = data.batches(source, batch_size=8, seed=5)  # a fresh pipeline after a restart at step 7
     assert [_ids(resumed[step]) for step in range(7, 12)] == order[7:]
     assert _ids(data.batches(source, batch_size=8, seed=6)[0]) != order[0]
-    with pytest.raises(ValueError, match="fewer than one global batch"):
-        data.batches(source, batch_size=40, seed=0, process_index=0, process_count=2)
+    with pytest.raises(ValueError, match="fewer than one batch of 80"):
+        data.batches(source, batch_size=80, seed=0)
 
 
 def test_templates():

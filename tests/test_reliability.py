@@ -234,17 +234,17 @@ def test_a_killed_run_loses_no_logged_row(tmp_path):
 
 def test_nonfinite_rewards_are_failures_named_and_counted(caplog):
     with caplog.at_level(logging.WARNING, logger="grpo_jax.rewards.scoring"):
-        rewards, failed, metrics = scoring.score(
+        rewards, status, metrics = scoring.score(
             (odd_values,), (1.0,), ["q"] * 8, ["nan", "ok", "inf", "ok", "ok", "ok", "huge", "ok"], [{}] * 8,
             num_workers=1,
         )
-    np.testing.assert_array_equal(failed[:, 0], [1, 0, 1, 0, 0, 0, 1, 0])
+    np.testing.assert_array_equal(status[:, 0], [3, 0, 3, 0, 0, 0, 3, 0])  # 1 + FAILURES.index("nonfinite")
     np.testing.assert_array_equal(rewards[:, 0], [0, 1, 0, 1, 1, 1, 0, 1])  # failures score 0, never nan
     assert metrics["reward/odd_values/nonfinites"] == metrics["reward/nonfinites"] == 3
     assert "reward 'odd_values': 3 of 8 call(s) failed (nonfinite)" in caplog.text
     # Groups of 2: the first two have a failure. drop_group drops them; zero keeps all (scored 0).
-    np.testing.assert_array_equal(scoring.usable_groups(failed, 2, "drop_group"), [0, 0, 1, 0])
-    np.testing.assert_array_equal(scoring.usable_groups(failed, 2, "zero"), [1, 1, 1, 1])
+    np.testing.assert_array_equal(scoring.usable_groups(status, 2, "drop_group"), [0, 0, 1, 0])
+    np.testing.assert_array_equal(scoring.usable_groups(status, 2, "zero"), [1, 1, 1, 1])
 
 
 def test_a_dying_worker_causes_no_false_timeouts(caplog):

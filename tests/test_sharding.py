@@ -122,6 +122,22 @@ def test_global_batch_rejects_indivisible_batch():
     assert ok["tokens"].shape == (8, 3) and ok["tokens"].dtype == jnp.int32
 
 
+def test_rows_go_to_devices_and_back():
+    """global_batch places rows by the batch rule, local_rows reads them back once (the tensor axis holds
+    replicas), gather gives the whole value. In one process, the process holds every row."""
+    mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
+    x = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
+    rows = sharding.process_rows(mesh, 8)
+    np.testing.assert_array_equal(rows, np.arange(8))
+    placed = sharding.global_batch(x, mesh, 8)
+    assert placed.sharding.spec == P(("data", "fsdp"), None)
+    assert {tuple(np.asarray(s.data)[:, 0]) for s in placed.addressable_shards} == {(0, 3), (6, 9), (12, 15), (18, 21)}
+    np.testing.assert_array_equal(sharding.local_rows(placed, rows), x)
+    np.testing.assert_array_equal(sharding.gather(placed), x)
+    with pytest.raises(ValueError, match="holds 16 of the batch's 16 rows, but 8 were given"):
+        sharding.global_batch(x, mesh, 16)
+
+
 def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
     mesh = sharding.make_mesh(MeshConfig(1, 2, 4))
     tokens, want = reference

@@ -94,6 +94,12 @@ def test_only_keeps_the_named_arms_and_their_plots():
         study.main(gspo_vs_grpo.get_study, gspo_vs_grpo.claims, ["--arms", "grpo_lr9"])
 
 
+def test_studies_take_the_launch_flags_of_several_processes(capsys):
+    with pytest.raises(SystemExit):  # grpo_jax/distributed.py's flags, checked before any run
+        study.main(gspo_vs_grpo.get_study, gspo_vs_grpo.claims, ["--num-processes", "2"])
+    assert "a cluster named by hand needs all three" in capsys.readouterr().err
+
+
 def test_spread_and_claim():
     assert study.spread([0.1, 0.2, 0.3]) == "0.2 ± 0.1 (3 seeds: 0.1 to 0.3)"  # sample std (ddof=1)
     with pytest.raises(ValueError, match="verdict"):

@@ -105,14 +105,53 @@ def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward(tmp_path, 
 
     monkeypatch.setattr(trainer.Trainer, "sample", all_correct)
     t = trainer.Trainer(cfg)
-    host, metrics = t.rollout_batch(jax.random.key(0))
+    batches, metrics = t.rollout_batch(jax.random.key(0))
     # the shaped total reward does vary within some group: the old filter would have kept it
     max_len, g = cfg.sampling.max_new_tokens, cfg.sampling.group_size
     penalty = [np.asarray(algorithms.overlong_penalty(cfg.algorithm, np.asarray(s["rollout"].lengths), max_len))
                for s in drawn]
     assert any(np.ptp(p.reshape(-1, g), axis=1).max() > 0 for p in penalty)
     assert metrics["groups/kept"] == 0 and metrics["groups/zero_variance_frac"] == 1.0
-    assert metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches and host[3].sum() == 0
+    assert metrics["groups/gen_rounds"] == cfg.algorithm.max_gen_batches
+    assert not any(np.asarray(b.mask).any() for b in batches)
+
+
+def test_kept_groups_are_gathered_into_the_batch_on_device(tmp_path, monkeypatch):
+    """DAPO keeps groups from different generation rounds; the batch is assembled on device (on several
+    processes a row may come from another host) and holds exactly the kept rows, in order, then masked
+    padding. Checked against the drawn rounds' own prompts, completions and sampler log-probs."""
+    cfg = config(tmp_path, "dapo")
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, max_gen_batches=2, mask_truncated=True))
+    # per round, which completions are correct: an informative group has both
+    rounds = iter([[1, 1, 1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 1],   # step 1: group 1 of round 0, then none
+                   [0, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 1]])  # step 2: group 0 of round 0, group 1 of round 1
+    real_sample, drawn = trainer.Trainer.sample, []
+
+    def controlled(self, examples, rng, sampling_cfg):
+        s = real_sample(self, examples, rng, sampling_cfg)
+        s["correct"] = np.array(next(rounds), bool)
+        drawn.append(s)
+        return s
+
+    monkeypatch.setattr(trainer.Trainer, "sample", controlled)
+    t = trainer.Trainer(cfg)
+    width, g = cfg.sampling.max_prompt_len, cfg.sampling.group_size
+    for kept in ([(0, 1), None], [(0, 0), (1, 1)]):
+        drawn.clear()
+        batches, metrics = t.rollout_batch(jax.random.key(len(kept)))
+        assert metrics["groups/kept"] == sum(k is not None for k in kept)
+        for b, k in zip(batches, kept):  # 2 minibatches of one group each
+            tokens, mask = np.asarray(b.tokens), np.asarray(b.mask)
+            if k is None:
+                assert not tokens.any() and not mask.any() and not np.asarray(b.advantages).any()
+                continue
+            s, rows = drawn[k[0]], slice(k[1] * g, (k[1] + 1) * g)
+            r = jax.tree.map(np.asarray, s["rollout"])
+            np.testing.assert_array_equal(tokens[:, :width], np.asarray(s["prompts"].tokens)[rows])
+            np.testing.assert_array_equal(tokens[:, width:], r.tokens[rows])
+            np.testing.assert_array_equal(mask, r.mask[rows] & ~r.truncated[rows, None])
+            np.testing.assert_array_equal(np.asarray(b.sampler_logp), r.logprobs[rows])
+            assert np.asarray(b.advantages).any()
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +225,8 @@ def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, caplo
         config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
     t = trainer.Trainer(cfg, rewards={"nan_for_odd": fault_rewards.nan_for_odd_answers})  # a reward passed in code
     assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
-    (tokens, positions, segments, mask, sampler_logp, advantages, _), metrics = t.rollout_batch(jax.random.key(0))
+    batches, metrics = t.rollout_batch(jax.random.key(0))
+    mask, advantages = (np.concatenate([np.asarray(getattr(b, f)) for b in batches]) for f in ("mask", "advantages"))
     assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
     assert "reward 'nan_for_odd_answers': 4 of 8 call(s) failed (nonfinite)" in caplog.text
     assert np.isfinite(advantages).all() and np.isfinite(metrics["reward/mean"])
@@ -215,9 +255,9 @@ def test_truncation_masking_and_truncated_importance_sampling(tmp_path):
         algorithm=dataclasses.replace(cfg.algorithm, mask_truncated=True, tis_level="token", tis_cap=2.0),
     )
     t = trainer.Trainer(cfg)
-    host, metrics = t.rollout_batch(jax.random.key(0))
+    batches, metrics = t.rollout_batch(jax.random.key(0))
     assert metrics["completion/truncated_frac"] == 1.0
-    assert host[3].sum() == 0  # every token masked out
+    assert not any(np.asarray(b.mask).any() for b in batches)  # every token masked out
     metrics, updates = t.train_step()
     assert metrics["loss"] == 0 and metrics["grad_norm"] == 0 and "tis_weight_mean" in metrics
     # Issue 13.3 / 20.6: each of the 2 empty updates is counted, and the counts are summed (not averaged)

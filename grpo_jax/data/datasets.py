@@ -10,7 +10,6 @@ import json
 import pathlib
 
 import grain
-import jax
 
 from grpo_jax.data.tasks import Source, Sources, TaskConfig, register
 from grpo_jax.rewards.answers import last_boxed
@@ -138,28 +137,21 @@ class TfdsTaskConfig(TaskConfig):
         return f"TFDS {self.builder}[{self.split if split == 'train' else self.eval_split}] in {self.data_dir}"
 
 
-def batches(
-    source: Source,
-    *,
-    batch_size: int,
-    seed: int,
-    process_index: int | None = None,
-    process_count: int | None = None,
-) -> grain.MapDataset:
-    """This process's prompt batches, endless: element `step` is the list of `batch_size` examples for
-    training step `step`. Resuming is indexing: checkpoint the step, continue at `batches(...)[step]`.
+def batches(source: Source, *, batch_size: int, seed: int) -> grain.MapDataset:
+    """The run's global prompt batches, endless: element `step` is a random-access view of the
+    `batch_size` examples of training step `step`, read only where indexed, so that each process reads
+    just the examples of its own rows (`grpo_jax.sharding.process_rows`). Resuming is indexing:
+    checkpoint the step, continue at `batches(...)[step]`.
 
-    Every process shuffles the whole source with the same `seed` (a new permutation each epoch) and
-    takes every `process_count`-th element from `process_index`, so processes read disjoint examples
-    and together a global batch of batch_size * process_count. Defaults: jax.process_index/count().
+    The whole source is shuffled with `seed` (a new permutation each epoch) and cut into consecutive
+    batches: which example sits at which position of a batch depends on nothing else, in particular
+    not on the number of processes.
     """
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-    if batch_size < 1 or not 0 <= process_index < process_count:
-        raise ValueError(f"batches: need batch_size >= 1 and 0 <= process_index < process_count, got "
-                         f"{batch_size}, {process_index}, {process_count}")
-    if len(source) < batch_size * process_count:
-        raise ValueError(f"batches: the source has {len(source)} examples, fewer than one global batch "
-                         f"({batch_size} x {process_count} processes); lower the batch size")
+    if batch_size < 1:
+        raise ValueError(f"batches: batch_size={batch_size}; need at least 1")
+    if len(source) < batch_size:
+        raise ValueError(f"batches: the source has {len(source)} examples, fewer than one batch of {batch_size}; "
+                         "lower the batch size")
     shuffled = grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
-    return shuffled[process_index::process_count].batch(batch_size, batch_fn=list)
+    return grain.MapDataset.range(len(shuffled) // batch_size).map(
+        lambda step: shuffled[step * batch_size:(step + 1) * batch_size])

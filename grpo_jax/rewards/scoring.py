@@ -7,7 +7,7 @@ over a pipe; if it has not answered within `timeout_s` the parent kills that wor
 starts a fresh one, so nothing leaks. A replacement starts in the background: the result loop never
 waits for it, so healthy calls cannot time out while it imports. A call that raises, times out or
 returns a non-finite number (or one beyond float32) is a failure: it scores 0, is counted and
-logged per reward, and `failed` marks it for the caller's policy (`usable_groups`). Workers are
+logged per reward, and its status code (`FAILURES`) tells the caller's policy (`usable_groups`). Workers are
 spawned (not forked: the parent runs JAX threads), started once per `num_workers` on first use,
 ignore SIGINT and SIGTERM (the trainer handles them and ends the workers at exit) and die with the
 trainer, even stuck in a hung call. Reward functions must therefore be picklable: module-level
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int8
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the trainer's to handle; workers ignore them
@@ -248,6 +248,9 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+FAILURES = ("error", "timeout", "nonfinite")  # `score`'s status codes 1, 2, 3 (0: the call returned a number)
+
+
 def score(
     reward_fns: Sequence[Callable[..., float]],
     weights: Sequence[float],
@@ -258,13 +261,14 @@ def score(
     completion_lens: Sequence[int] | None = None,
     timeout_s: float = 5.0,
     num_workers: int = 2,
-) -> tuple[Float[np.ndarray, "completions rewards"], Bool[np.ndarray, "completions rewards"], dict[str, float]]:
-    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; failed [N, K]; metrics).
+) -> tuple[Float[np.ndarray, "completions rewards"], Int8[np.ndarray, "completions rewards"], dict[str, float]]:
+    """(rewards [N, K] float32, unweighted: the algorithm applies `weights`; status [N, K]: 0, or 1 +
+    the index in FAILURES of how the call failed; the `summarize` metrics and the time it took). A
+    failed call scores 0; the failures of each reward are logged with the first message.
 
     Row n scores (prompts[n], completions[n], examples[n]) (repeat a group's prompt and example per
     completion). `completion_lens` (tokens) is passed as `completion_len` to every reward function
-    when given; length-based rewards need it. A failed call scores 0. `weights` only enter the
-    "reward/total_mean" metric. `num_workers=0` scores in this process.
+    when given; length-based rewards need it. `num_workers=0` scores in this process.
     """
     n, k = len(completions), len(reward_fns)
     if not len(prompts) == len(examples) == n or (completion_lens is not None and len(completion_lens) != n):
@@ -286,29 +290,45 @@ def score(
     outcomes = _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
     with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
         values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
-    status = np.array([s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)])
-    status, failed = status.reshape(n, k), (status != "ok").reshape(n, k)
-    rewards = np.where(failed, 0.0, values.reshape(n, k)).astype(np.float32)
-    metrics = {"reward/time_s": time.perf_counter() - start}
+    kinds = [s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)]
+    status = np.array([0 if s == "ok" else 1 + FAILURES.index(s) for s in kinds], np.int8).reshape(n, k)
+    for j, fn in enumerate(reward_fns):
+        for code, kind in enumerate(FAILURES, 1):
+            count = int((status[:, j] == code).sum())
+            if count:
+                first = next(v for (_, v), st in zip(outcomes[j::k], status[:, j]) if st == code)
+                log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", _name(fn), count, n, kind, first)
+    rewards = np.where(status > 0, 0.0, values.reshape(n, k)).astype(np.float32)
+    metrics = {"reward/time_s": time.perf_counter() - start, **summarize(reward_fns, weights, rewards, status)}
+    return rewards, status, metrics
+
+
+def summarize(
+    reward_fns: Sequence[Callable[..., float]],
+    weights: Sequence[float],
+    rewards: Float[np.ndarray, "completions rewards"],
+    status: Int8[np.ndarray, "completions rewards"],
+) -> dict[str, float]:
+    """The reward/ metrics of rows scored by `score` (in a run over several processes, every process's
+    rows together): mean and std per reward, failures per reward and kind, the weighted total's mean.
+    `weights` only enter "reward/total_mean"."""
+    n, metrics = len(rewards), {}
     for j, fn in enumerate(reward_fns):
         name = _name(fn)
         metrics[f"reward/{name}/mean"] = float(rewards[:, j].mean()) if n else 0.0
         metrics[f"reward/{name}/std"] = float(rewards[:, j].std()) if n else 0.0
-        for kind in ("error", "timeout", "nonfinite"):
-            count = int((status[:, j] == kind).sum())
-            metrics[f"reward/{name}/{kind}s"] = float(count)
-            if count:
-                first = next(v for (s, v), st in zip(outcomes[j::k], status[:, j]) if st == kind)
-                log.warning("reward %r: %d of %d call(s) failed (%s), first: %s", name, count, n, kind, first)
-    for kind in ("error", "timeout", "nonfinite"):
-        metrics[f"reward/{kind}s"] = float((status == kind).sum())
+        for code, kind in enumerate(FAILURES, 1):
+            metrics[f"reward/{name}/{kind}s"] = float((status[:, j] == code).sum())
+    for code, kind in enumerate(FAILURES, 1):
+        metrics[f"reward/{kind}s"] = float((status == code).sum())
     metrics["reward/total_mean"] = float((rewards @ np.asarray(weights, np.float32)).mean()) if n else 0.0
-    return rewards, failed, metrics
+    return metrics
 
 
-def usable_groups(failed: Bool[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
+def usable_groups(status: Int8[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
     """Per group of `group_size` rows: may it enter the update? With `on_failure="drop_group"` (see
-    RewardConfig) a group with any failed reward call is dropped; with "zero" its failures score 0."""
+    RewardConfig) a group with any failed reward call (nonzero `score` status) is dropped; with "zero"
+    its failures score 0."""
     if on_failure == "zero":
-        return np.ones(len(failed) // group_size, bool)
-    return ~failed.reshape(-1, group_size * failed.shape[1]).any(axis=1)
+        return np.ones(len(status) // group_size, bool)
+    return ~(status != 0).reshape(-1, group_size * status.shape[1]).any(axis=1)

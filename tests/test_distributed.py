@@ -1,0 +1,182 @@
+"""Runs over several processes: 2 processes x 4 CPU devices on localhost against 1 process x 8 devices.
+
+The quickstart config, shrunk by --set, through the command line. The two-process run is killed
+(SIGKILL) once its first checkpoint is complete, then rerun: it resumes in two processes, and a copy of
+the killed run resumes in this process (8 devices). Every run must log the per-step metrics of one
+uninterrupted run in this process.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import models, run
+from grpo_jax.train import parse_args
+
+ROOT = pathlib.Path(__file__).parents[1]
+QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
+# The quickstart shrunk: a 1-layer model, 8 prompts x 4 samples a step in 2 minibatches (the second
+# update's ratio leaves 1), up to 8 new tokens with a length reward beside exact match (so rewards vary
+# within groups of an untrained model), 8 held-out prompts with 4 samples each (the same sampler
+# program as training), completions logged and a checkpoint saved every step, the policy exported to
+# safetensors at the end, no compilation cache.
+SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
+        "model.num_kv_heads=1", "train.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=8",
+        "train.minibatches=2", "train.eval_prompts=8", "train.eval_samples=4", "train.steps=4",
+        "train.checkpoint_every=1", "reward.names=exact,length", "reward.weights=1,1", "reward.num_workers=0",
+        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true",
+        "train.compilation_cache_dir="]
+TIMING = ("time/", "throughput/", "reward/time_s")
+
+
+def argv(out: pathlib.Path) -> list[str]:
+    return ["--config", str(QUICKSTART), *(a for s in (*SETS, f"train.out_dir={out}") for a in ("--set", s))]
+
+
+def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subprocess.Popen]:
+    """`processes` processes of `python COMMAND --coordinator localhost:PORT --num-processes N --process-id I`
+    on a free port, 8 CPU devices in all; this test's matmul precision, the worktree's code; output in
+    `logs`.I.log."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // processes}", "JAX_PLATFORMS": "cpu",
+           "JAX_DEFAULT_MATMUL_PRECISION": str(jax.config.jax_default_matmul_precision)}
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([sys.executable, *command, "--coordinator", f"localhost:{port}",
+                              "--num-processes", str(processes), "--process-id", str(i)],
+                             env=env, stdout=open(f"{logs}.{i}.log", "w"), stderr=subprocess.STDOUT)
+            for i in range(processes)]
+
+
+def launch(out: pathlib.Path, processes: int) -> list[subprocess.Popen]:
+    return cluster(["-m", "grpo_jax.train", *argv(out)], processes, out)
+
+
+def finish(procs: list[subprocess.Popen], out: pathlib.Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    logs = "\n".join(pathlib.Path(f"{out}.{i}.log").read_text()[-3000:] for i in range(len(procs)))
+    assert codes == [0] * len(procs), logs
+
+
+def kill_after_first_checkpoint(procs: list[subprocess.Popen], out: pathlib.Path) -> None:
+    complete = out / "checkpoints" / "1" / "checksums.json"
+    deadline = time.monotonic() + 300
+    while not complete.exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint 1"
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait()
+
+
+def rows(out: pathlib.Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
+    """Per step, the mean reward and the gradient norm to 1e-5 relative; every other metric to 1e-5
+    relative or 1e-6 absolute: the GSPO loss is a sum over zero-mean advantages (terms of size ~1) that
+    cancels to ~1e-5, and some metrics are means of rounding noise (the sampler drift, ~1e-7). Reductions
+    across processes add in another order than within one, so the runs differ in the last bits."""
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys(), (g["step"], g.keys() ^ w.keys())
+        for key in ("reward/mean", "grad_norm"):
+            if key in w:
+                np.testing.assert_allclose(g[key], w[key], rtol=1e-5, err_msg=f"step {w['step']} {key}")
+        for key in w:
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-5, atol=1e-6, err_msg=f"step {w['step']} {key}")
+
+
+@pytest.mark.slow  # minutes of CPU: four runs' compilations, two of them in two processes at once
+def test_two_processes_log_what_one_does_and_resume_after_a_kill(tmp_path):
+    reference = run.train(parse_args(argv(tmp_path / "run")))  # 1 process x 8 devices, uninterrupted
+    (tmp_path / "run").rename(tmp_path / "reference")
+    want = rows(tmp_path / "reference")
+    assert any(r.get("grad_norm", 0) > 0 for r in want) and want[-1]["step"] == 4  # a run that learns
+
+    two = tmp_path / "two"
+    procs = launch(two, 2)
+    kill_after_first_checkpoint(procs, two)
+    shutil.copytree(two, tmp_path / "run")  # the killed run, for a resume in one process
+    start = time.perf_counter()
+    procs = launch(two, 2)  # resumes from the newest intact checkpoint, in 2 processes
+    finish(procs, two)
+    print(f"2-process resume: {time.perf_counter() - start:.1f} s")
+    assert_same_metrics(rows(two), want)
+
+    resumed = run.train(parse_args(argv(tmp_path / "run")))  # the 2-process checkpoint, in 1 process
+    assert_same_metrics(rows(tmp_path / "run"), want)
+    for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The export gathers the policy from both processes' devices.
+    exported = [models.load_hf(out / "hf")[1] for out in (two, tmp_path / "reference")]
+    for a, b in zip(jax.tree.leaves(exported[0]), jax.tree.leaves(exported[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # The final evaluation's greedy completions, gathered from both processes, are those of one process;
+    # the completion log holds process 0's rows (the first half of each step's batch).
+    held_out = [read_jsonl(out / "held_out.jsonl") for out in (two, tmp_path / "reference")]
+    assert [(r["greedy"], r["sampled"]["correct"]) for r in held_out[0]] == \
+        [(r["greedy"], r["sampled"]["correct"]) for r in held_out[1]]
+    steps = {}
+    for r in read_jsonl(tmp_path / "reference" / "completions.jsonl"):
+        steps.setdefault(r["step"], []).append(r)  # 8 groups x 4 rows a step, all kept, in row order
+    assert read_jsonl(two / "completions.jsonl") == [r for step in sorted(steps) for r in steps[step][:16]]
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--coordinator", "localhost:1234"], "--coordinator without --num-processes, --process-id"),
+    (["--distributed", "--num-processes", "2"], "--distributed detects the cluster; --num-processes name one by hand"),
+    (["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], "expected HOST:PORT"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"], "need 0 <= process id"),
+])
+def test_launch_flags_that_disagree_are_usage_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(argv(pathlib.Path("unused")) + flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+SIGNAL_ONE = """
+import os, signal, sys
+from grpo_jax import distributed, run
+import argparse, jax
+parser = argparse.ArgumentParser()
+distributed.add_arguments(parser)
+distributed.initialize(parser, parser.parse_args())
+with run.Interrupts() as interrupts:
+    if jax.process_index() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: the run would finish its step
+    print("stop", interrupts.requested(), interrupts.signum)
+"""
+
+
+def test_a_signal_to_one_process_stops_every_process(tmp_path):
+    """Preemption may signal one host: at the next step boundary every process agrees to stop (and
+    save together), with that signal."""
+    procs = cluster(["-c", SIGNAL_ONE], 2, tmp_path / "signal")
+    finish(procs, tmp_path / "signal", timeout=120)
+    for i in range(2):
+        assert f"stop True {int(signal.SIGTERM)}" in (tmp_path / f"signal.{i}.log").read_text()
