@@ -322,16 +322,26 @@ def claims_md(claims: list[dict]) -> list[str]:
             *(f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |" for c in claims)]
 
 
+def table_rows(summary: dict) -> list[str]:
+    """summary.json's table as markdown, mean ± std per arm: a column per arm, or a row per arm when
+    the arms outnumber the labels (the longer side runs down the page)."""
+    def cell(c):
+        return "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}"
+
+    table = summary["table"]
+    arms, labels = list(table), list(next(iter(table.values())))
+    if len(arms) > len(labels):
+        return ["| arm | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|",
+                *(f"| {arm} | " + " | ".join(cell(table[arm][label]) for label in labels) + " |" for arm in arms)]
+    return ["| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|",
+            *(f"| {label} | " + " | ".join(cell(table[arm][label]) for arm in arms) + " |" for label in labels)]
+
+
 def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
     lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "", *claims_md(summary["claims"])]
     if study.table:
-        lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "",
-                  "| | " + " | ".join(study.arms) + " |", "|---" * (len(study.arms) + 1) + "|"]
-        for label in study.table:
-            cells = [summary["table"][arm][label] for arm in study.arms]
-            lines.append(f"| {label} | " + " | ".join(
-                "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}" for c in cells) + " |")
+        lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "", *table_rows(summary)]
     load, git = summary["load_average_1_5_15min"], summary["git"]
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "

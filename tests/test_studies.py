@@ -136,3 +136,47 @@ def test_length_bias(tmp_path):
                 parts = acc * correct + (1 - acc) * incorrect
                 assert parts == pytest.approx(r["completion/length_mean"], rel=1e-5)
                 assert 1 <= r["completion/length_mean"] <= s.arms[arm].sampling.max_new_tokens
+
+
+def test_preset_table(tmp_path):
+    import preset_table
+
+    from grpo_jax.algorithms import AlgorithmConfig
+
+    s, summary = run_tiny(preset_table, tmp_path)
+    check_outputs(s, summary, tmp_path)
+    assert list(s.arms) == list(preset_table.QUICK_ARMS)  # every quick preset runs; none dropped
+    flat = {a: {**summary["config"], **summary["arms"][a]} for a in s.arms}
+    for arm in s.arms:  # each arm is its preset as registered, plus only what `special` adds
+        preset = AlgorithmConfig.from_preset(arm)
+        assert all(flat[arm][f"algorithm.{k}"] == v for k, v in dataclasses.asdict(preset).items()
+                   if not isinstance(v, tuple)), arm
+    assert flat["rloo"]["train.minibatches"] == 1 and flat["grpo"]["train.minibatches"] == 2  # no ratio: 1 update
+    assert flat["mo_grpo"]["reward.names"] == ["exact", "length"] and flat["grpo"]["reward.names"] == ["exact"]
+    assert flat["grpo"]["sampling.max_new_tokens"] == 5  # room past "-19" + eos: DAPO shapes only truncation
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "- `rloo`: train.minibatches=1" in table and "- `mo_grpo`: rewards exact + 0.1 x length" in table
+    # The area under held-out accuracy is the trapezoid over the evaluations, over the steps.
+    curve = np.array(summary["runs"]["grpo"]["0"]["curves"]["eval/accuracy_greedy"])
+    area = np.trapezoid(curve[:, 1], curve[:, 0]) / STEPS
+    assert summary["table"]["grpo"]["held-out accuracy area"]["mean"] == pytest.approx(area, abs=1e-4)
+    verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
+    assert verdicts["s_grpo"] == "not_run" and verdicts["dapo"] in ("reproduced", "partial", "not_reproduced")
+    png = (tmp_path / "results" / "final_accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_preset_table_tables_in_the_docs():
+    """The measured table sits between the markers of the README and docs/presets.md; rewriting it
+    keeps the rest of the file, and regenerating docs/presets.md keeps the table."""
+    from grpo_jax.algorithms import presets_doc
+
+    text = f"intro\n{presets_doc.STUDY_BEGIN}\nold\n{presets_doc.STUDY_END}\nrest\n"
+    new = presets_doc.with_study_table(text, "| a | b |")
+    assert new == f"intro\n{presets_doc.STUDY_BEGIN}\n| a | b |\n{presets_doc.STUDY_END}\nrest\n"
+    assert presets_doc.study_table(new) == "| a | b |"
+    with pytest.raises(ValueError, match="needs one"):
+        presets_doc.with_study_table("no markers", "| a |")
+    for path in (pathlib.Path(__file__).parents[1] / "README.md", presets_doc.PATH):
+        assert path.read_text().count(presets_doc.STUDY_BEGIN) == 1
+    assert presets_doc.study_table(presets_doc.presets_markdown()) == presets_doc.study_table(presets_doc.PATH.read_text())
