@@ -188,9 +188,9 @@ def report(results: study.Results, results_dir: pathlib.Path) -> str:
     _, notes, not_run = arms_and_notes(summary["quick"])
     notes = {a: n for a, n in notes.items() if a in results}
     not_run = {p: w for p, w in not_run.items() if p not in results}
-    lines = ["", "Ran with, beyond the shared setting:", "",
-             *(f"- `{a}`: {n}" for a, n in notes.items()), *(f"- `{p}`: not run: {w}" for p, w in not_run.items()),
-             "", f"By final held-out accuracy: {ranking(summary, 'final held-out accuracy')}.", "",
+    ran_with = [*(f"- `{a}`: {n}" for a, n in notes.items()), *(f"- `{p}`: not run: {w}" for p, w in not_run.items())]
+    lines = ["", *(["Ran with, beyond the shared setting:", "", *ran_with, ""] if ran_with else []),
+             f"By final held-out accuracy: {ranking(summary, 'final held-out accuracy')}.", "",
              f"By accuracy area: {ranking(summary, 'held-out accuracy area')}.", ""]
     bar_chart(summary, results_dir / "final_accuracy.png")
     if results_dir.resolve() == RESULTS.resolve():

@@ -138,32 +138,46 @@ def test_length_bias(tmp_path):
                 assert 1 <= r["completion/length_mean"] <= s.arms[arm].sampling.max_new_tokens
 
 
-def test_preset_table(tmp_path):
+def test_preset_table(tmp_path, monkeypatch):
     import preset_table
 
-    from grpo_jax.algorithms import AlgorithmConfig
+    from grpo_jax.algorithms import PRESETS, AlgorithmConfig
+    from grpo_jax.algorithms.presets_doc import study_table
 
-    s, summary = run_tiny(preset_table, tmp_path)
+    # The full study: every preset, each as registered plus only what `special` adds, and said.
+    arms, notes, not_run = preset_table.arms_and_notes(quick=False)
+    assert list(arms) == list(PRESETS) and not not_run
+    assert all(cfg.algorithm == AlgorithmConfig.from_preset(name) for name, cfg in arms.items())
+    assert {a for a, c in arms.items() if c.train.minibatches == 1} == {"gpg", "opo", "rloo", "gtpo"} == {
+        a for a in notes if "minibatches=1" in notes[a]}  # the ratio-free losses: one update per rollout batch
+    assert arms["mo_grpo"].reward.names == ("exact", "length") and arms["grpo"].reward.names == ("exact",)
+    assert arms["grpo"].sampling.max_new_tokens == 5  # room past "-19" + eos: DAPO shapes only truncation
+    # An arm the trainer's checks refuse is not run, with the reason.
+    special = preset_table.special
+    monkeypatch.setattr(preset_table, "special", lambda p: (["train.minibatches=3"], "") if p == "gspo" else special(p))
+    _, _, refused = preset_table.arms_and_notes(quick=False)
+    assert list(refused) == ["gspo"] and "does not split into train.minibatches=3" in refused["gspo"]
+    monkeypatch.undo()
+
+    # Two arms through the study, as the committed one (whose report rewrites the README and the docs).
+    for name in ("README", "PRESETS_DOC"):
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(getattr(preset_table, name).read_text())
+        monkeypatch.setattr(preset_table, name, copy)
+    monkeypatch.setattr(preset_table, "RESULTS", tmp_path / "results")
+    s = tiny(preset_table.get_study(quick=True).only(["grpo", "gmpo"]))
+    summary = study.run(s, preset_table.claims, tmp_path / "results", tmp_path / "runs")
     check_outputs(s, summary, tmp_path)
-    assert list(s.arms) == list(preset_table.QUICK_ARMS)  # every quick preset runs; none dropped
-    flat = {a: {**summary["config"], **summary["arms"][a]} for a in s.arms}
-    for arm in s.arms:  # each arm is its preset as registered, plus only what `special` adds
-        preset = AlgorithmConfig.from_preset(arm)
-        assert all(flat[arm][f"algorithm.{k}"] == v for k, v in dataclasses.asdict(preset).items()
-                   if not isinstance(v, tuple)), arm
-    assert flat["rloo"]["train.minibatches"] == 1 and flat["grpo"]["train.minibatches"] == 2  # no ratio: 1 update
-    assert flat["mo_grpo"]["reward.names"] == ["exact", "length"] and flat["grpo"]["reward.names"] == ["exact"]
-    assert flat["grpo"]["sampling.max_new_tokens"] == 5  # room past "-19" + eos: DAPO shapes only truncation
-    table = (tmp_path / "results" / "table.md").read_text()
-    assert "- `rloo`: train.minibatches=1" in table and "- `mo_grpo`: rewards exact + 0.1 x length" in table
     # The area under held-out accuracy is the trapezoid over the evaluations, over the steps.
     curve = np.array(summary["runs"]["grpo"]["0"]["curves"]["eval/accuracy_greedy"])
     area = np.trapezoid(curve[:, 1], curve[:, 0]) / STEPS
     assert summary["table"]["grpo"]["held-out accuracy area"]["mean"] == pytest.approx(area, abs=1e-4)
     verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
-    assert verdicts["s_grpo"] == "not_run" and verdicts["dapo"] in ("reproduced", "partial", "not_reproduced")
-    png = (tmp_path / "results" / "final_accuracy.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert verdicts["s_grpo"] == "not_run" and verdicts["gmpo"] in ("reproduced", "partial", "not_reproduced")
+    assert (tmp_path / "results" / "final_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("README", "PRESETS_DOC"):
+        block = study_table(getattr(preset_table, name).read_text())
+        assert all(f" {arm} |" in block for arm in s.arms) and "By final held-out accuracy: " in block
 
 
 def test_preset_table_tables_in_the_docs():
