@@ -38,7 +38,8 @@ A study is one script, experiments/NAME.py: its config as code and its analysis.
   (label -> number per run, as mean, std and per seed), the arms' configs (the first in full, the
   others as the fields they change), seeds, warm starts, each run's curves of `Study.curves` (at most
   CURVE_POINTS points each), the git commit, the machine, its load average before, after each run and
-  at the end (on a shared machine wall times are inflated) and the wall time; table.md (ended by the
+  at the end (on a shared machine wall times are inflated) and the wall time; table.md (the claims, then
+  the table: a column per arm, or a row per arm when the arms outnumber its labels; ended by the
   markdown of `Study.report`, if any); a PNG per `Plot` (thin lines: seeds; thick: their mean).
 """
 
@@ -168,6 +169,12 @@ def spread(values, digits: int = 3) -> str:
             f"({v.size} seeds: {f.format(v.min())} to {f.format(v.max())})")
 
 
+def clipped_tokens(row: dict) -> float | None:
+    """The fraction of tokens clipped on either side (a clipped sequence counts all its tokens, GSPO's
+    unit), for `Study.derive`; None in rows without an update."""
+    return row["clip_frac_low_tokens"] + row["clip_frac_high_tokens"] if "clip_frac_low_tokens" in row else None
+
+
 def claim(claim: str, *, source: str, paper: str, measured: str, verdict: str, **details) -> dict:
     """One entry of summary.json's claims list; `details` (e.g. what was tried) are kept beside."""
     if verdict not in VERDICTS:
@@ -229,6 +236,10 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
             shutil.rmtree(out_dir, ignore_errors=True)
             print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
             out = run_lib.train(cfg, params)
+            # Drop the run's compiled programs (the persistent cache keeps them on disk): each holds ~800
+            # memory mappings, and a study of ~80 runs in one process reached the kernel's limit of
+            # 65530 (XLA: "LLVM compilation error: Cannot allocate memory", then a segfault).
+            jax.clear_caches()
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
             results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
