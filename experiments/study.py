@@ -39,7 +39,8 @@ the study:
   (label -> number per run, as mean, std and per seed), the arms' configs (the first in full, the
   others as the fields they change), seeds, warm starts, each run's curves of `Study.curves` (at most
   CURVE_POINTS points each), the git commit, the machine, its load average before, after each run and
-  at the end (on a shared machine wall times are inflated) and the wall time; table.md (ended by the
+  at the end (on a shared machine wall times are inflated) and the wall time; table.md (the claims, then
+  the table: a column per arm, or a row per arm when the arms outnumber its labels; ended by the
   markdown of `Study.report`, if any); a PNG per `Plot` (thin lines: seeds; thick: their mean).
 """
 
@@ -169,6 +170,12 @@ def spread(values, digits: int = 3) -> str:
             f"({v.size} seeds: {f.format(v.min())} to {f.format(v.max())})")
 
 
+def clipped_tokens(row: dict) -> float | None:
+    """The fraction of tokens clipped on either side (a clipped sequence counts all its tokens, GSPO's
+    unit), for `Study.derive`; None in rows without an update."""
+    return row["clip_frac_low_tokens"] + row["clip_frac_high_tokens"] if "clip_frac_low_tokens" in row else None
+
+
 def claim(claim: str, *, source: str, paper: str, measured: str, verdict: str, **details) -> dict:
     """One entry of summary.json's claims list; `details` (e.g. what was tried) are kept beside."""
     if verdict not in VERDICTS:
@@ -231,6 +238,10 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
             if jax.process_index() == 0:
                 print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
             out = run_lib.train(cfg, params)
+            # Drop the run's compiled programs (the persistent cache keeps them on disk): each holds ~800
+            # memory mappings, and a study of ~80 runs in one process reached the kernel's limit of
+            # 65530 (XLA: "LLVM compilation error: Cannot allocate memory", then a segfault).
+            jax.clear_caches()
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
             results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
@@ -326,16 +337,26 @@ def claims_md(claims: list[dict]) -> list[str]:
             *(f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |" for c in claims)]
 
 
+def table_rows(summary: dict) -> list[str]:
+    """summary.json's table as markdown, mean ± std per arm: a column per arm, or a row per arm when
+    the arms outnumber the labels (the longer side runs down the page)."""
+    def cell(c):
+        return "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}"
+
+    table = summary["table"]
+    arms, labels = list(table), list(next(iter(table.values())))
+    if len(arms) > len(labels):
+        return ["| arm | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|",
+                *(f"| {arm} | " + " | ".join(cell(table[arm][label]) for label in labels) + " |" for arm in arms)]
+    return ["| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|",
+            *(f"| {label} | " + " | ".join(cell(table[arm][label]) for arm in arms) + " |" for label in labels)]
+
+
 def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
     lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "", *claims_md(summary["claims"])]
     if study.table:
-        lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "",
-                  "| | " + " | ".join(study.arms) + " |", "|---" * (len(study.arms) + 1) + "|"]
-        for label in study.table:
-            cells = [summary["table"][arm][label] for arm in study.arms]
-            lines.append(f"| {label} | " + " | ".join(
-                "n/a" if c["mean"] is None else f"{c['mean']:.4g} ± {c['std']:.2g}" for c in cells) + " |")
+        lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "", *table_rows(summary)]
     load, git = summary["load_average_1_5_15min"], summary["git"]
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "

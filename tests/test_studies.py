@@ -142,3 +142,61 @@ def test_length_bias(tmp_path):
                 parts = acc * correct + (1 - acc) * incorrect
                 assert parts == pytest.approx(r["completion/length_mean"], rel=1e-5)
                 assert 1 <= r["completion/length_mean"] <= s.arms[arm].sampling.max_new_tokens
+
+
+def test_preset_table(tmp_path, monkeypatch):
+    import preset_table
+
+    from grpo_jax.algorithms import PRESETS, AlgorithmConfig
+    from grpo_jax.algorithms.presets_doc import study_table
+
+    # The full study: every preset, each as registered plus only what `special` adds, and said.
+    arms, notes, not_run = preset_table.arms_and_notes(quick=False)
+    assert list(arms) == list(PRESETS) and not not_run
+    assert all(cfg.algorithm == AlgorithmConfig.from_preset(name) for name, cfg in arms.items())
+    assert {a for a, c in arms.items() if c.train.minibatches == 1} == {"gpg", "opo", "rloo", "gtpo"} == {
+        a for a in notes if "minibatches=1" in notes[a]}  # the ratio-free losses: one update per rollout batch
+    assert arms["mo_grpo"].reward.names == ("exact", "length") and arms["grpo"].reward.names == ("exact",)
+    assert arms["grpo"].sampling.max_new_tokens == 5  # room past "-19" + eos: DAPO shapes only truncation
+    # An arm the trainer's checks refuse is not run, with the reason.
+    special = preset_table.special
+    monkeypatch.setattr(preset_table, "special", lambda p: (["train.minibatches=3"], "") if p == "gspo" else special(p))
+    _, _, refused = preset_table.arms_and_notes(quick=False)
+    assert list(refused) == ["gspo"] and "does not split into train.minibatches=3" in refused["gspo"]
+    monkeypatch.undo()
+
+    # Two arms through the study, as the committed one (whose report rewrites the README and the docs).
+    for name in ("README", "PRESETS_DOC"):
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(getattr(preset_table, name).read_text())
+        monkeypatch.setattr(preset_table, name, copy)
+    monkeypatch.setattr(preset_table, "RESULTS", tmp_path / "results")
+    s = tiny(preset_table.get_study(quick=True).only(["grpo", "gmpo"]))
+    summary = study.run(s, preset_table.claims, tmp_path / "results", tmp_path / "runs")
+    check_outputs(s, summary, tmp_path)
+    # The area under held-out accuracy is the trapezoid over the evaluations, over the steps.
+    curve = np.array(summary["runs"]["grpo"]["0"]["curves"]["eval/accuracy_greedy"])
+    area = np.trapezoid(curve[:, 1], curve[:, 0]) / STEPS
+    assert summary["table"]["grpo"]["held-out accuracy area"]["mean"] == pytest.approx(area, abs=1e-4)
+    verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
+    assert verdicts["s_grpo"] == "not_run" and verdicts["gmpo"] in ("reproduced", "partial", "not_reproduced")
+    assert (tmp_path / "results" / "final_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("README", "PRESETS_DOC"):
+        block = study_table(getattr(preset_table, name).read_text())
+        assert all(f" {arm} |" in block for arm in s.arms) and "By final held-out accuracy: " in block
+
+
+def test_preset_table_tables_in_the_docs():
+    """The measured table sits between the markers of the README and docs/presets.md; rewriting it
+    keeps the rest of the file, and regenerating docs/presets.md keeps the table."""
+    from grpo_jax.algorithms import presets_doc
+
+    text = f"intro\n{presets_doc.STUDY_BEGIN}\nold\n{presets_doc.STUDY_END}\nrest\n"
+    new = presets_doc.with_study_table(text, "| a | b |")
+    assert new == f"intro\n{presets_doc.STUDY_BEGIN}\n| a | b |\n{presets_doc.STUDY_END}\nrest\n"
+    assert presets_doc.study_table(new) == "| a | b |"
+    with pytest.raises(ValueError, match="needs one"):
+        presets_doc.with_study_table("no markers", "| a |")
+    for path in (pathlib.Path(__file__).parents[1] / "README.md", presets_doc.PATH):
+        assert path.read_text().count(presets_doc.STUDY_BEGIN) == 1
+    assert presets_doc.study_table(presets_doc.presets_markdown()) == presets_doc.study_table(presets_doc.PATH.read_text())

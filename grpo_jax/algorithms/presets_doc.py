@@ -2,6 +2,9 @@
 
 Regenerate with `python -m grpo_jax.algorithms.presets_doc`; tests/test_algorithms_presets.py
 asserts the committed file equals `presets_markdown()` and that every preset has its source here.
+The measured table of every preset (experiments/preset_table.py) sits between STUDY_BEGIN and
+STUDY_END, in docs/presets.md and in the README: that script rewrites it (`with_study_table`), and
+regenerating this file keeps it.
 """
 
 import dataclasses
@@ -13,6 +16,8 @@ from grpo_jax.algorithms.losses import LOSSES
 
 COLUMNS = ("advantage", "loss", "aggregation", "beta")
 PATH = pathlib.Path(__file__).parents[2] / "docs" / "presets.md"
+STUDY_BEGIN = "<!-- preset_table: begin (written by experiments/preset_table.py; do not edit by hand) -->"
+STUDY_END = "<!-- preset_table: end -->"
 SOURCES = {  # the paper each preset is named after (arXiv id), or the trainer whose convention it follows
     "grpo": "DeepSeekMath 2402.03300", "dr_grpo": "Dr. GRPO 2503.20783", "dapo": "DAPO 2503.14476",
     "bnpo": "TRL loss_type=bnpo", "gspo": "GSPO 2507.18071", "gspo_token": "GSPO 2507.18071",
@@ -24,6 +29,21 @@ SOURCES = {  # the paper each preset is named after (arXiv id), or the trainer w
     "holder_po": "HolderPO 2605.12058", "sspo": "SSPO 2602.19327", "llds": "LLDS 2512.04220",
     "egsw": "EGSW 2503.22456", "gvpo": "GVPO 2504.19599", "disco": "DisCO 2505.12366", "gtpo": "GTPO 2508.03772",
 }
+
+
+def study_table(text: str) -> str:
+    """The measured table between STUDY_BEGIN and STUDY_END in `text` (empty if it has none)."""
+    if STUDY_BEGIN not in text:
+        return ""
+    return text.split(STUDY_BEGIN, 1)[1].split(STUDY_END, 1)[0].strip("\n")
+
+
+def with_study_table(text: str, table: str) -> str:
+    """`text` with `table` between its STUDY_BEGIN and STUDY_END lines (which it must have)."""
+    if text.count(STUDY_BEGIN) != 1 or text.count(STUDY_END) != 1:
+        raise ValueError(f"the file needs one {STUDY_BEGIN} line and one {STUDY_END} line where the table goes")
+    head, rest = text.split(STUDY_BEGIN)
+    return head + STUDY_BEGIN + "\n" + table.strip("\n") + "\n" + STUDY_END + rest.split(STUDY_END)[1]
 
 
 def presets_markdown() -> str:
@@ -67,6 +87,12 @@ def presets_markdown() -> str:
         + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default)
                     if f.name not in COLUMNS and f.name not in read_somewhere)
         + ".",
+        "",
+        "## Every preset on one task",
+        "",
+        STUDY_BEGIN,
+        *([study_table(PATH.read_text())] if PATH.exists() and study_table(PATH.read_text()) else []),
+        STUDY_END,
         "",
     ])
 
