@@ -160,6 +160,12 @@ class Results(dict):
         return np.asarray([fn(r) for r in self[arm]], float)
 
 
+def clip_frac_tokens(row: dict) -> float | None:
+    """A `Study.derive` metric: the fraction of tokens clipped on either side (a clipped sequence counts
+    all its tokens: the GSPO paper's unit), None in rows without clipping metrics (evaluations)."""
+    return row["clip_frac_low_tokens"] + row["clip_frac_high_tokens"] if "clip_frac_low_tokens" in row else None
+
+
 def spread(values, digits: int = 3) -> str:
     """"mean ± std (n seeds: min to max)" of per-seed values."""
     v = np.asarray(values, float)
