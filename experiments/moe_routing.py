@@ -77,7 +77,7 @@ HOT_ALGORITHMS = ("grpo", "grpo_r2", "gspo")
 
 def get_study(quick: bool) -> study.Study:
     base = override(quickstart_config(), [
-        *MODEL, f"train.steps={40 if quick else 100}", "train.minibatches=4", "train.eval_prompts=256",
+        *MODEL, f"train.steps={30 if quick else 100}", "train.minibatches=4", "train.eval_prompts=256",
         "train.eval_every=25", "train.checkpoint_every=10000", "train.max_skipped_steps=10000",
     ])
     arms = {name: override(base, changes) for name, changes in ALGORITHMS.items()}
