@@ -58,7 +58,7 @@ def get_study(quick: bool) -> study.Study:
         arms=arms,
         seeds=(0, 1) if quick else (0, 1, 2),
         warm_start=WarmStart(accuracy=0.2),
-        derive={"clip_frac_tokens": study.clipped_tokens},
+        derive={"clip_frac_tokens": study.clip_frac_tokens},
         table=TABLE,
         plots=(
             *(study.Plot(f"curves_lr{lr:g}", ("reward/mean", "eval/accuracy_greedy", "clip_frac_tokens"),

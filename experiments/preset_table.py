@@ -121,7 +121,7 @@ def get_study(quick: bool) -> study.Study:
         arms=arms,
         seeds=(0, 1) if quick else (0, 1, 2),
         warm_start=WarmStart(accuracy=0.2),
-        derive={"clip_frac_tokens": study.clipped_tokens},
+        derive={"clip_frac_tokens": study.clip_frac_tokens},
         table=TABLE,
         plots=tuple(study.Plot(f"curves_{k + 1}", ("eval/accuracy_greedy", "reward/mean", "clip_frac_tokens",
                                                    "entropy_mean"), x="step", arms=tuple(g))

@@ -162,18 +162,18 @@ class Results(dict):
         return np.asarray([fn(r) for r in self[arm]], float)
 
 
+def clip_frac_tokens(row: dict) -> float | None:
+    """A `Study.derive` metric: the fraction of tokens clipped on either side (a clipped sequence counts
+    all its tokens: the GSPO paper's unit), None in rows without clipping metrics (evaluations)."""
+    return row["clip_frac_low_tokens"] + row["clip_frac_high_tokens"] if "clip_frac_low_tokens" in row else None
+
+
 def spread(values, digits: int = 3) -> str:
     """"mean ± std (n seeds: min to max)" of per-seed values."""
     v = np.asarray(values, float)
     f = f"{{:.{digits}g}}"
     return (f"{f.format(v.mean())} ± {f.format(v.std(ddof=1) if v.size > 1 else 0.0)} "
             f"({v.size} seeds: {f.format(v.min())} to {f.format(v.max())})")
-
-
-def clipped_tokens(row: dict) -> float | None:
-    """The fraction of tokens clipped on either side (a clipped sequence counts all its tokens, GSPO's
-    unit), for `Study.derive`; None in rows without an update."""
-    return row["clip_frac_low_tokens"] + row["clip_frac_high_tokens"] if "clip_frac_low_tokens" in row else None
 
 
 def claim(claim: str, *, source: str, paper: str, measured: str, verdict: str, **details) -> dict:

@@ -18,6 +18,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "experiments"))
 
 import gspo_vs_grpo  # noqa: E402
 import length_bias  # noqa: E402
+import moe_routing  # noqa: E402
+import preset_table  # noqa: E402
 import study  # noqa: E402
 
 STEPS, SEEDS = 2, (0,)
@@ -145,8 +147,6 @@ def test_length_bias(tmp_path):
 
 
 def test_preset_table(tmp_path, monkeypatch):
-    import preset_table
-
     from grpo_jax.algorithms import PRESETS, AlgorithmConfig
     from grpo_jax.algorithms.presets_doc import study_table
 
@@ -200,3 +200,44 @@ def test_preset_table_tables_in_the_docs():
     for path in (pathlib.Path(__file__).parents[1] / "README.md", presets_doc.PATH):
         assert path.read_text().count(presets_doc.STUDY_BEGIN) == 1
     assert presets_doc.study_table(presets_doc.presets_markdown()) == presets_doc.study_table(presets_doc.PATH.read_text())
+
+def test_moe_routing(tmp_path):
+    s, summary = run_tiny(moe_routing, tmp_path)
+    check_outputs(s, summary, tmp_path)
+    # A tiny Qwen3-MoE; GRPO (the paper's clip range, no KL) without replay, with R2 and R3; GSPO without.
+    arms = {a: {**summary["config"], **summary["arms"][a]} for a in s.arms}
+    assert list(arms) == ["grpo", "grpo_r2", "grpo_r3", "gspo"]
+    assert [c["algorithm.routing_replay"] for c in arms.values()] == ["none", "old", "sampler", "none"]
+    assert {(c["algorithm.loss"], c["algorithm.eps_low"], c["algorithm.eps_high"], c["algorithm.beta"])
+            for a, c in arms.items() if a.startswith("grpo")} == {("ppo_clip", 0.2, 0.27, 0.0)}
+    for c in arms.values():
+        assert (c["model.model_type"], c["model.num_experts"], c["model.num_experts_per_tok"]) == ("qwen3_moe", 8, 2)
+        assert c["model.num_layers"] == 4 and c["train.minibatches"] == 4
+    # The routing metrics are logged every step for every arm, as fractions.
+    for arm in s.arms:
+        curves = summary["runs"][arm]["0"]["curves"]
+        for key in ("routing/changed_experts_frac", "routing/changed_sets_frac"):
+            assert [x for x, _ in curves[key]] == list(range(1, STEPS + 1))
+            assert all(0 <= v <= 1 for _, v in curves[key]), (arm, key)
+        # a set that changed lost at least one of its k=2 experts: experts changed >= sets changed / 2
+        for (_, e), (_, t) in zip(curves["routing/changed_experts_frac"], curves["routing/changed_sets_frac"]):
+            assert t / 2 - 1e-6 <= e <= t + 1e-6
+    assert {c["source"] for c in summary["claims"]} == {"arXiv 2507.18071 (GSPO), Section 5.3"}
+    assert all(c["verdict"] != "not_run" for c in summary["claims"])
+
+
+def test_moe_routing_per_update_volatility_and_collapse():
+    cfg = moe_routing.get_study(quick=True).arms["grpo"]  # 4 minibatches a step
+
+    def run(rewards, changed=0.03, skipped=0):
+        rows = [{"step": i + 1, "reward/mean": r, "routing/changed_experts_frac": changed, "skipped_updates": 0}
+                for i, r in enumerate(rewards)]
+        rows[-1]["skipped_updates"] = skipped
+        return study.Run("grpo", 0, override(cfg, [f"train.steps={len(rows)}"]), rows, 1.0)
+
+    # updates 1-4 of a step see the drift of 0, 1, 2, 3 updates: mean 1.5 x the per-update drift
+    assert moe_routing.per_update(run([0.2] * 10)) == pytest.approx(0.02)
+    rise_fall = [0.2, 0.4, 0.6, 0.6, 0.6, 0.5, 0.3, 0.2, 0.1, 0.1]  # peak 0.6, last 20% at 0.1
+    assert moe_routing.collapsed(run(rise_fall))
+    assert not moe_routing.collapsed(run([0.2, 0.3, 0.4, 0.5, 0.5, 0.5, 0.5, 0.45, 0.4, 0.4]))  # 0.4 >= 0.25
+    assert moe_routing.collapsed(run([0.2] * 10, skipped=1))  # a skipped (non-finite) update counts
