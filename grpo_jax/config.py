@@ -122,9 +122,9 @@ class TrainConfig:
     # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
     max_skipped_steps: int = 3
     # A directory for JAX's persistent compilation cache (grpo_jax.run): a rerun or resume of the same
-    # shapes loads its programs instead of compiling them. Off ("") by default: with jax 0.10.2, XLA:CPU's
-    # executable serialization segfaulted twice in this repository's test suite (not reproducible
-    # alone), so CPU runs leave it off; the accelerator configs (experiments/configs/gsm8k.py) turn it on.
+    # shapes loads its programs instead of compiling them. Off ("") by default, so that a run writes
+    # nothing outside its out_dir unless asked; the accelerator config (experiments/configs/gsm8k.py),
+    # whose programs take minutes to compile, turns it on.
     compilation_cache_dir: str = ""
 
     def __post_init__(self):

@@ -95,9 +95,8 @@ def _evals(row: dict | None) -> dict | None:
 def use_compilation_cache(path: str) -> None:
     """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
     the small host-side ones add up on the first step), or leaves it off for "". JAX opens the cache
-    at the first compilation and keeps that directory for the rest of the process (resetting it under
-    a live process crashed XLA:CPU's executable serialization), so in one process the first run's
-    directory is the one used."""
+    at the first compilation and keeps that directory for the rest of the process, so in one process
+    the first run's directory is the one used."""
     if path:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -43,7 +43,7 @@ def test_latest_intact_skips_damage_and_unfinished_saves(tmp_path, caplog):
     assert ckpt.latest_intact() == 3
     # Step 3's save was cut short before its checksums; a bit of step 2's array data flipped.
     (tmp_path / "3" / "checksums.json").unlink()
-    data = max((p for p in (tmp_path / "2").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = max((p for p in (tmp_path / "2" / "state").rglob("*") if p.parent.name == "d"), key=lambda p: p.stat().st_size)
     raw = bytearray(data.read_bytes())
     raw[-20] ^= 0x10
     data.write_bytes(bytes(raw))

@@ -15,7 +15,7 @@ jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(5)).block_until_ready()
 
 
 def test_runs_cache_compiled_programs_where_asked(tmp_path):
-    assert TrainConfig().compilation_cache_dir == ""  # off by default (XLA:CPU, see config.py)
+    assert TrainConfig().compilation_cache_dir == ""  # off by default
     on = override(Config(model_path="x"), [f"train.compilation_cache_dir={tmp_path / 'xla'}"])
     assert on.train.compilation_cache_dir == str(tmp_path / "xla")
     for path in ("", str(tmp_path / "xla")):
