@@ -44,3 +44,5 @@ def compiled_programs_dropped_after_each_module():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: needs a real pretrained model or minutes of CPU")
+    if config.option.durations is None:  # the slowest tests end every report, CI's included (--durations=N)
+        config.option.durations = 15

@@ -33,8 +33,10 @@ def tiny(s: study.Study) -> study.Study:
     return dataclasses.replace(s, arms={a: override(c, shrink) for a, c in s.arms.items()}, seeds=SEEDS, warm_start=ws)
 
 
-def run_tiny(module, tmp_path) -> tuple[study.Study, dict]:
-    s = tiny(module.get_study(quick=True))
+def run_tiny(module, tmp_path, arms=None) -> tuple[study.Study, dict]:
+    """The --quick study (only `arms`, when given) at `tiny` size, through the harness."""
+    s = module.get_study(quick=True)
+    s = tiny(s.only(arms) if arms else s)
     summary = study.run(s, module.claims, tmp_path / "results", tmp_path / "runs")
     assert summary == json.loads((tmp_path / "results" / "summary.json").read_text())
     return s, summary
@@ -202,17 +204,19 @@ def test_preset_table_tables_in_the_docs():
     assert presets_doc.study_table(presets_doc.presets_markdown()) == presets_doc.study_table(presets_doc.PATH.read_text())
 
 def test_moe_routing(tmp_path):
-    s, summary = run_tiny(moe_routing, tmp_path)
-    check_outputs(s, summary, tmp_path)
     # A tiny Qwen3-MoE; GRPO (the paper's clip range, no KL) without replay, with R2 and R3; GSPO without.
-    arms = {a: {**summary["config"], **summary["arms"][a]} for a in s.arms}
+    arms = moe_routing.get_study(quick=True).arms
     assert list(arms) == ["grpo", "grpo_r2", "grpo_r3", "gspo"]
-    assert [c["algorithm.routing_replay"] for c in arms.values()] == ["none", "old", "sampler", "none"]
-    assert {(c["algorithm.loss"], c["algorithm.eps_low"], c["algorithm.eps_high"], c["algorithm.beta"])
+    assert [c.algorithm.routing_replay for c in arms.values()] == ["none", "old", "sampler", "none"]
+    assert {(c.algorithm.loss, c.algorithm.eps_low, c.algorithm.eps_high, c.algorithm.beta)
             for a, c in arms.items() if a.startswith("grpo")} == {("ppo_clip", 0.2, 0.27, 0.0)}
     for c in arms.values():
-        assert (c["model.model_type"], c["model.num_experts"], c["model.num_experts_per_tok"]) == ("qwen3_moe", 8, 2)
-        assert c["model.num_layers"] == 4 and c["train.minibatches"] == 4
+        m = c.model
+        assert (m.model_type, m.num_experts, m.num_experts_per_tok, m.num_layers) == ("qwen3_moe", 8, 2, 4)
+        assert c.train.minibatches == 4
+    # The arms every claim needs run (R3's sampler routes train in test_routing).
+    s, summary = run_tiny(moe_routing, tmp_path, arms=("grpo", "grpo_r2", "gspo"))
+    check_outputs(s, summary, tmp_path)
     # The routing metrics are logged every step for every arm, as fractions.
     for arm in s.arms:
         curves = summary["runs"][arm]["0"]["curves"]
@@ -220,8 +224,9 @@ def test_moe_routing(tmp_path):
             assert [x for x, _ in curves[key]] == list(range(1, STEPS + 1))
             assert all(0 <= v <= 1 for _, v in curves[key]), (arm, key)
         # a set that changed lost at least one of its k=2 experts: experts changed >= sets changed / 2
+        # (the curves keep 5 significant digits)
         for (_, e), (_, t) in zip(curves["routing/changed_experts_frac"], curves["routing/changed_sets_frac"]):
-            assert t / 2 - 1e-6 <= e <= t + 1e-6
+            assert t / 2 * (1 - 1e-4) <= e <= t * (1 + 1e-4)
     assert {c["source"] for c in summary["claims"]} == {"arXiv 2507.18071 (GSPO), Section 5.3"}
     assert all(c["verdict"] != "not_run" for c in summary["claims"])
 
@@ -230,7 +235,8 @@ def test_moe_routing_per_update_volatility_and_collapse():
     cfg = moe_routing.get_study(quick=True).arms["grpo"]  # 4 minibatches a step
 
     def run(rewards, changed=0.03, skipped=0):
-        rows = [{"step": i + 1, "reward/mean": r, "routing/changed_experts_frac": changed, "skipped_updates": 0}
+        rows = [{"step": i + 1, "updates": 4 * (i + 1), "reward/mean": r, "routing/changed_experts_frac": changed,
+                 "skipped_updates": 0}
                 for i, r in enumerate(rewards)]
         rows[-1]["skipped_updates"] = skipped
         return study.Run("grpo", 0, override(cfg, [f"train.steps={len(rows)}"]), rows, 1.0)
