@@ -29,7 +29,7 @@ QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
 # update's ratio leaves 1), up to 8 new tokens with a length reward beside exact match (so rewards vary
 # within groups of an untrained model), 8 held-out prompts with 4 samples each (the same sampler
 # program as training), completions logged and a checkpoint saved every step, the policy exported to
-# safetensors at the end, no compilation cache.
+# safetensors at the end; no compilation cache in this process (`launch` gives the launched ones one).
 SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
         "model.num_kv_heads=1", "train.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=8",
         "train.minibatches=2", "train.eval_prompts=8", "train.eval_samples=4", "train.steps=4",
@@ -61,7 +61,9 @@ def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subp
 
 
 def launch(out: pathlib.Path, processes: int) -> list[subprocess.Popen]:
-    return cluster(["-m", "grpo_jax.train", *argv(out)], processes, out)
+    """The run in `processes` processes; their compiled programs cached beside `out` for a relaunch."""
+    cache = ["--set", f"train.compilation_cache_dir={out.parent / 'xla'}"]
+    return cluster(["-m", "grpo_jax.train", *argv(out), *cache], processes, out)
 
 
 def finish(procs: list[subprocess.Popen], out: pathlib.Path, timeout: float = 300) -> None:
