@@ -90,7 +90,8 @@ def presets_markdown() -> str:
         "",
         "## Every preset on one task",
         "",
-        "`python experiments/preset_table.py` runs every preset on the quickstart's task and budget (60 steps, 3 seeds, one warm start per seed) and writes the table below.",
+        "`python experiments/preset_table.py` runs every preset on the quickstart's task and budget "
+        "(60 steps, 3 seeds, one warm start per seed) and writes the table below.",
         "",
         STUDY_BEGIN,
         *([study_table(PATH.read_text())] if PATH.exists() and study_table(PATH.read_text()) else []),
