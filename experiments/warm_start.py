@@ -47,7 +47,7 @@ def sft_batches(cfg: Config, ws: WarmStart, tok, mesh):
     for i in range(len(batches)):
         examples = [batches[i][int(r)] for r in rows]
         prompts = sampling.pad_prompts([tok.encode(ex["prompt"]) for ex in examples], cfg.sampling)
-        targets = [tok.encode(ws.target(ex, np.random.default_rng((seed, i, int(r)))), add_bos=False) + [tok.eos_id]
+        targets = [tok.encode(ws.target(ex, np.random.default_rng((seed, i, int(r)))), continuation=True) + [tok.eos_id]
                    for ex, r in zip(examples, rows)]
         if max(map(len, targets)) > new:
             raise ValueError(f"a warm-start target has {max(map(len, targets))} tokens with eos > "

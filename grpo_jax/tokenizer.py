@@ -3,7 +3,9 @@
 `encode` follows each tokenizer's own convention: a Hugging Face tokenizer adds the special tokens
 its post-processor adds (Llama: BOS; Qwen: none), unless the text already starts with BOS (a chat
 template wrote it), so BOS is never dropped and never doubled; a sentencepiece model adds none (its
-encoder's default). `decode` drops special tokens (rewards read text).
+encoder's default). `encode(text, continuation=True)` is for text that continues a sequence (a
+supervised completion target): no special token is added. `decode` drops special tokens (rewards read
+text).
 A tokenizer without a pad token pads with its end-of-sequence id. `apply_chat_template(messages)`
 (list of {"role", "content"} -> prompt text ending with the assistant turn opener) is None when the
 tokenizer has no chat template.
@@ -27,7 +29,7 @@ class Tokenizer(Protocol):
     vocab_size: int
     apply_chat_template: ChatTemplate | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, continuation: bool = False) -> list[int]: ...
 
     def decode(self, ids: TokenIds) -> str: ...
 
@@ -46,9 +48,9 @@ class HFTokenizer:
         self.vocab_size = len(self._tok)
         self.apply_chat_template = self._chat if self._tok.chat_template is not None else None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, continuation: bool = False) -> list[int]:
         bos = self._tok.bos_token
-        return self._tok.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+        return self._tok.encode(text, add_special_tokens=not (continuation or (bos and text.startswith(bos))))
 
     def decode(self, ids: TokenIds) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -72,8 +74,8 @@ class SentencePieceTokenizer:
         self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
         self.vocab_size = self._sp.get_piece_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
+    def encode(self, text: str, continuation: bool = False) -> list[int]:
+        return self._sp.encode(text)  # adds no special token, at the start of a sequence or not
 
     def decode(self, ids: TokenIds) -> str:
         return self._sp.decode([int(i) for i in ids])

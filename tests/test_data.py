@@ -255,7 +255,7 @@ def test_char_tokenizer():
     tok = data.CharTokenizer()
     text = "Using the numbers [3, 5], reach 8.\n<answer>(3+5)*1/1</answer> #### -8 \\boxed{x^2}"
     ids = tok.encode(text)
-    assert ids[0] == tok.bos_id and tok.encode(text, add_bos=False) == ids[1:]
+    assert ids[0] == tok.bos_id and tok.encode(text, continuation=True) == ids[1:]
     assert all(0 <= i < tok.vocab_size for i in ids) and len(set(ids)) > 20
     assert tok.decode(ids + [tok.eos_id, tok.pad_id]) == text
     assert len({tok.pad_id, tok.bos_id, tok.eos_id}) == 3

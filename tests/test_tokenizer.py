@@ -63,6 +63,7 @@ def test_sentencepiece_tokenizer(sp_model):
     assert (tok.eos_id, tok.pad_id, tok.vocab_size) == (3, 0, 40)
     ids = tok.encode("the number 12 plus 13 is 25")
     assert tok.eos_id not in ids and 2 not in ids  # no special tokens added
+    assert tok.encode("the number 12", continuation=True) == ids[:len(tok.encode("the number 12"))]
     assert tok.decode(ids) == "the number 12 plus 13 is 25"
     assert tok.apply_chat_template is None
 
@@ -107,6 +108,7 @@ def test_llama_style_tokenizer_keeps_its_bos(tmp_path):
     prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
     assert prompt.startswith(bos)
     assert tok.encode(prompt) == [0, 2, 5, 6, 7, 8, 1, 3]  # one BOS, from the template
+    assert tok.encode("two ?", continuation=True) == [7, 8]  # a completion target gains no BOS
 
 
 def test_qwen_style_tokenizer_adds_nothing(tmp_path):
@@ -120,3 +122,4 @@ def test_qwen_style_tokenizer_adds_nothing(tmp_path):
     assert tok.encode("what is two ?") == [6, 7, 8, 9]
     prompt = tok.apply_chat_template([{"role": "user", "content": "what is two ?"}])
     assert tok.encode(prompt) == [1, 4, 6, 7, 8, 9, 2, 1, 5]
+    assert tok.encode("two ?", continuation=True) == [8, 9]

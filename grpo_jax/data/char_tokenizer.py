@@ -18,12 +18,12 @@ class CharTokenizer:
     def __init__(self):
         self._ids = {c: i for i, c in enumerate(CHARS, len(SPECIALS))}
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Ids of `text`, with bos first unless `add_bos=False`."""
+    def encode(self, text: str, continuation: bool = False) -> list[int]:
+        """Ids of `text`, with bos first unless it continues a sequence (`continuation=True`)."""
         unknown = sorted(set(text) - self._ids.keys())
         if unknown:
             raise ValueError(f"CharTokenizer cannot encode {unknown}; it knows only {CHARS!r}")
-        return [self.bos_id] * add_bos + [self._ids[c] for c in text]
+        return [self.bos_id] * (not continuation) + [self._ids[c] for c in text]
 
     def decode(self, ids) -> str:
         """Text of `ids`; special ids are dropped."""
