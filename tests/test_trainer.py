@@ -240,10 +240,26 @@ def test_a_run_that_only_skips_stops_with_the_cause_and_step(tmp_path):
     consecutive skipped updates the run stops, saving nothing (no checkpoint was due yet)."""
     cfg = config(tmp_path, steps=4, checkpoint_every=2, max_skipped_steps=1)
     cfg = dataclasses.replace(cfg, optim=OptimConfig(learning_rate=1e39))
-    with pytest.raises(RuntimeError, match=r"step [12]: the last \d updates were all skipped \(non-finite "
-                                           r"(loss|gradient|parameters)\); stopping, unsaved"):
+    with pytest.raises(RuntimeError, match=r"step 1: the last 2 updates were all skipped \(non-finite "
+                                           r"parameters\); stopping, unsaved"):  # loss and gradient are finite
         run.train(cfg)
     assert checkpoint.Checkpointer(tmp_path / "checkpoints", 1, 1).all_steps() == []
+
+
+def test_skip_watch_counts_consecutive_skipped_updates_across_steps():
+    def update(cause=None, empty=0):
+        return {"skipped_updates": int(cause is not None), "empty_updates": empty,
+                **{name: int(name == cause) for name in ts.SKIP_CAUSES}}
+
+    watch = run.SkipWatch(limit=3)
+    assert watch.observe(1, [update("nonfinite_grad"), update("nonfinite_grad")]) is None
+    assert watch.observe(2, [update(empty=1)]) is None  # an empty update neither ends nor extends the streak
+    assert watch.observe(3, [update("nonfinite_params")]) == (
+        "step 3: the last 3 updates were all skipped (non-finite parameters); stopping, unsaved. Lower "
+        "optim.learning_rate or check the rewards, then resume from the last checkpoint")
+    watch = run.SkipWatch(limit=3)
+    assert watch.observe(1, [update("nonfinite_loss"), update("nonfinite_loss"), update()]) is None
+    assert watch.observe(2, [update("nonfinite_loss"), update("nonfinite_loss")]) is None  # a good update reset it
 
 
 def test_truncation_masking_and_truncated_importance_sampling(tmp_path):
@@ -308,7 +324,7 @@ def test_own_examples_and_reward_in_code_train_and_log_their_completions(own_dat
         example = by_prompt[r["prompt"]]  # the prompts are ours (the PLAIN template renders them as is)
         assert r["rewards"]["sum"] == exact_sum(r["prompt"], r["completion"], example)
         assert r["rewards"]["length"] == -r["length"] / cfg.sampling.max_new_tokens
-        ids = CharTokenizer().encode(r["completion"], add_bos=False)  # the text drops the eos id
+        ids = CharTokenizer().encode(r["completion"], continuation=True)  # the text drops the eos id
         stopped = len(ids) == r["length"] - 1 or ids[-1] in cfg.sampling.stop_tokens
         assert 0 < r["length"] <= cfg.sampling.max_new_tokens and len(ids) <= r["length"]
         assert r["truncated"] == (not stopped and r["length"] == cfg.sampling.max_new_tokens)
