@@ -4,7 +4,7 @@ own stability and oscillation results are on such a bandit) can be checked witho
 
 The policy is softmax(theta) over K answers, the first C correct (reward 1, else 0); one completion is
 one token, so GRPO's loss (group_std advantages with ddof=1, the ppo_clip unit loss, k3 KL to the
-initial policy, mean over completions: shared/ALGORITHMS.md) has a closed-form expectation over the
+initial policy, mean over completions: docs/algorithms.md) has a closed-form expectation over the
 group. Given k correct answers in a group of G, every correct sample has advantage (1 - k/G)/(std_k + eps)
 and every wrong one -(k/G)/(std_k + eps); the correct samples are drawn from pi_old restricted to the
 correct answers, the wrong ones from the rest. Summing over k ~ Binomial(G, p_old) gives the expected

@@ -29,7 +29,7 @@ THETA, OLD, REF = np.array([0.4, -0.2, 0.1, -0.5]), np.array([0.1, 0.2, -0.1, -0
 
 
 def group_loss(theta, answers, alg: sb.Grpo) -> float:
-    """GRPO's loss on one group, written out from shared/ALGORITHMS.md (group_std with ddof=1, ppo_clip,
+    """GRPO's loss on one group, written out from docs/algorithms.md (group_std with ddof=1, ppo_clip,
     k3 to REF, mean over completions)."""
     pi, old, ref = sb.softmax(theta), sb.softmax(OLD), sb.softmax(REF)
     r = BANDIT.rewards[answers]

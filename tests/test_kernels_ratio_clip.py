@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax.algorithms import normalizer, policy_loss
+import _algorithm_cases as cases
+from grpo_jax.algorithms import LOSSES
 from grpo_jax.algorithms.config import AlgorithmConfig
 from grpo_jax.algorithms.ratio import clipped_surrogate
 from kernels.ratio_clip import LOG_RATIO_BOUND, ratio_clip
@@ -94,31 +95,23 @@ def test_log_ratios_beyond_the_bound_are_clamped(impl):
     assert (np.asarray(dx)[np.abs(np.asarray(x)) > LOG_RATIO_BOUND] == 0).all()
 
 
-@pytest.mark.parametrize("impl", ["jnp", "pallas"])
-@pytest.mark.parametrize("preset", ["grpo", "gspo", "gspo_token"])
-def test_policy_loss_through_the_kernel(preset, impl):
+# Every loss registered on the kernel path (a new one joins by its registration), and the dual clip.
+KERNEL_CASES = [(name, {}) for name, spec in LOSSES.items() if spec.kernel == "ratio_clip"] + [("ppo_clip", {"clip_c": 3.0})]
+
+
+@pytest.mark.parametrize("name,fields", KERNEL_CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(c) or "")
+def test_every_kernel_loss_through_the_pallas_kernel(name, fields):
     """AlgorithmConfig.ratio_impl puts the kernel into grpo_jax.algorithms: the same loss, metrics
-    and gradient as the jnp reference."""
-    k = jax.random.split(jax.random.key(4), 4)
-    logp = -jax.random.uniform(k[0], (4, 9)) * 3
-    old = logp + jax.random.normal(k[1], (4, 9)) * (0.3 if preset == "grpo" else 3e-3)
-    mask = (jnp.arange(9)[None, :] < jnp.array([9, 5, 1, 7])[:, None]).astype(jnp.float32)
-    adv = jax.random.normal(k[2], (4,))
-
-    def run(ratio_impl):
-        cfg = AlgorithmConfig.from_preset(preset, beta=0.0, ratio_impl=ratio_impl,
-                                          **({"clip_c": 3.0} if preset == "grpo" else {}))
-        norm = normalizer(cfg, mask, 9)
-        f = lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=norm)  # noqa: E731
-        return jax.value_and_grad(f, has_aux=True)(logp)
-
-    (want, want_metrics), want_grad = run("reference")
-    (got, got_metrics), got_grad = run(impl)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    and gradient as the reference implementation (the jnp path is the registry-wide tests' default)."""
+    x = cases.make_batch(seed=4, noise=0.4)  # sequence ratios clip too
+    want_loss, want_grad, want = cases.run(cases.cfg_for(name, ratio_impl="reference", **fields), x)
+    got_loss, got_grad, got = cases.run(cases.cfg_for(name, ratio_impl="pallas", **fields), x)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7)
-    for name in ("clip_frac_low", "clip_frac_high"):
-        np.testing.assert_array_equal(got_metrics[name].value, want_metrics[name].value)
-    assert want_metrics["clip_frac_low"].value + want_metrics["clip_frac_high"].value > 0
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key].value, want[key].value, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert want["clip_frac_low"].value + want["clip_frac_high"].value > 0
 
 
 def test_user_errors(units, unchecked):
