@@ -55,7 +55,9 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False),  # retention is ours
+            # Retention is ours. A save cut short by a kill leaves orbax's temporary directory: removed
+            # before this manager's first save.
+            options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False, cleanup_tmp_directories=True),
             item_names=("state", "meta"),
         )
 

@@ -57,6 +57,19 @@ def test_latest_intact_skips_damage_and_unfinished_saves(tmp_path, caplog):
     assert ckpt.latest_intact() == 2
 
 
+def test_a_save_cut_short_leaves_no_temporary_directory_behind(tmp_path):
+    ckpt = Checkpointer(tmp_path, every=1, keep=2)
+    ckpt.save(1, _state(1), {"position": 1})
+    ckpt.close()
+    cut = tmp_path / "3.orbax-checkpoint-tmp"  # what a save killed before orbax's rename leaves (a forced save
+    (cut / "state").mkdir(parents=True)  # at exit, off the checkpoint_every grid)
+    (cut / "state" / "partial").write_bytes(b"\0" * 64)
+    ckpt = Checkpointer(tmp_path, every=1, keep=2)  # the resumed run's: it goes on from step 1
+    assert ckpt.latest_intact() == 1
+    assert ckpt.save(2, _state(2), {"position": 2})  # orbax's cleanup is done before its first save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"] and ckpt.latest_intact() == 2
+
+
 def test_latest_intact_refuses_when_every_checkpoint_is_damaged(tmp_path):
     import pytest
 
