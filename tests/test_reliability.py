@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from grpo_jax import checkpoint, models, trainer
+from grpo_jax.config import flatten, override, resume_changes
 from grpo_jax import logging as run_logging
 from grpo_jax.rewards import scoring
-from grpo_jax.train import main, parse_args
+from grpo_jax.train import load_config, main, parse_args
 from fault_rewards import dies_or_sleeps, hangs, odd_values
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -315,6 +316,23 @@ def load_drill():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_resume_changes_allow_only_what_keeps_the_trajectory():
+    """What a resume may change: layout, logging and, under a constant learning rate, the length."""
+    quickstart = load_config(QUICKSTART)  # cosine schedule, 400 steps, seed 0
+    saved = flatten(quickstart)
+    changes = lambda *sets: resume_changes(saved, flatten(override(quickstart, list(sets))))  # noqa: E731
+    assert changes("train.eval_every=7", "train.out_dir=elsewhere", "mesh.data=2", "reward.num_workers=0") == []
+    assert changes("train.steps=500") == ["train.steps: 400 -> 500"]  # the cosine decays over train.steps
+    constant = flatten(override(quickstart, ["optim.schedule=constant"]))
+    assert resume_changes(constant, flatten(override(quickstart, ["optim.schedule=constant", "train.steps=500"]))) == []
+    assert changes("train.seed=1", "optim.learning_rate=1e-3") == [
+        "optim.learning_rate: 0.0008 -> 0.001", "train.seed: 0 -> 1"]
+    older = {k: v for k, v in saved.items() if k != "train.max_skipped_steps"}  # a field added since it was saved
+    assert resume_changes(older, saved) == []  # resumable fields may be absent
+    del older["algorithm.loss"]
+    assert resume_changes(older, saved) == ["algorithm.loss: '(absent)' -> 'gspo'"]
 
 
 @pytest.mark.slow
