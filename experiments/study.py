@@ -238,10 +238,7 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
             if jax.process_index() == 0:
                 print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
             out = run_lib.train(cfg, params)
-            # Drop the run's compiled programs (the persistent cache keeps them on disk): each holds ~800
-            # memory mappings, and a study of ~80 runs in one process reached the kernel's limit of
-            # 65530 (XLA: "LLVM compilation error: Cannot allocate memory", then a segfault).
-            jax.clear_caches()
+            drop_compiled_programs_near_the_map_limit()
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
             results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
@@ -254,6 +251,21 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
 
 
 # -- writing -------------------------------------------------------------------------------------
+
+
+MAPS, MAP_LIMIT = pathlib.Path("/proc/self/maps"), pathlib.Path("/proc/sys/vm/max_map_count")
+
+
+def drop_compiled_programs_near_the_map_limit() -> None:
+    """Drops JAX's compiled programs once the process holds half the kernel's memory-mapping limit.
+
+    A run's programs hold ~800 mappings, and a study of ~80 runs in one process reached the limit
+    (vm.max_map_count, 65530; XLA: "LLVM compilation error: Cannot allocate memory", then a segfault).
+    Below it, later runs reuse the samplers, evaluators and small programs already compiled. Where
+    /proc is missing (not Linux) they are dropped after every run.
+    """
+    if not (MAPS.exists() and MAP_LIMIT.exists()) or len(MAPS.read_bytes().splitlines()) > int(MAP_LIMIT.read_text()) // 2:
+        jax.clear_caches()
 
 
 def git_state() -> dict:

@@ -4,9 +4,11 @@
 import gc
 import os
 
-# Must happen before jax is imported anywhere in the test session.
+# Must happen before jax is imported anywhere in the test session (and reaches the processes tests
+# launch). Tests run tiny shapes, so compiling dominates them: XLA:CPU's LLVM at -O0 compiles a train
+# step in ~60% of the time (measured 4.8 s -> 3.0 s) and changes no operation's semantics.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -8,6 +8,7 @@ import json
 import pathlib
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -108,6 +109,17 @@ def test_spread_and_claim():
     assert study.spread([0.1, 0.2, 0.3]) == "0.2 ± 0.1 (3 seeds: 0.1 to 0.3)"  # sample std (ddof=1)
     with pytest.raises(ValueError, match="verdict"):
         study.claim("c", source="s", paper="p", measured="m", verdict="yes")
+
+
+def test_compiled_programs_are_kept_until_half_the_map_limit(tmp_path, monkeypatch):
+    double = jax.jit(lambda x: 2 * x)
+    double(1.0)
+    study.drop_compiled_programs_near_the_map_limit()  # this process is far below the kernel's limit
+    assert double._cache_size() == 1
+    (tmp_path / "max_map_count").write_text("2\n")
+    monkeypatch.setattr(study, "MAP_LIMIT", tmp_path / "max_map_count")
+    study.drop_compiled_programs_near_the_map_limit()
+    assert double._cache_size() == 0
 
 
 def test_gspo_vs_grpo(tmp_path):
