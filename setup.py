@@ -23,6 +23,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.6",  # the suite in 2 processes (README: compiling is single-threaded)
             "hypothesis>=6",
             "torch==2.13.0",  # PyTorch `transformers` parity tests (CPU wheel)
             "gguf>=0.19",  # SmolLM2 GGUF -> safetensors conversion (slow test)
