@@ -116,9 +116,13 @@ def test_config_file_errors(tmp_path):
         load_config(bad)
 
 
-def test_every_experiment_config_builds():
-    for path in sorted((ROOT / "experiments" / "configs").glob("*.py")):
-        assert isinstance(load_config(path), Config), path
+def test_every_experiment_config_builds_and_checkpoints_before_its_end():
+    paths = sorted(p for p in (ROOT / "experiments" / "configs").rglob("*.py") if not p.name.startswith("_"))
+    assert len(paths) >= 5, paths
+    for path in paths:
+        cfg = load_config(path)
+        assert isinstance(cfg, Config), path
+        assert cfg.train.checkpoint_every < cfg.train.steps, path  # a killed run resumes from before its end
 
 
 def tiny_hf_checkpoint(path: pathlib.Path) -> None:
