@@ -171,11 +171,11 @@ def rows(out) -> list[dict]:
             for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "error"])
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGINT twice", "error"])
 def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     """A stop between the two updates of step 2, which has no checkpoint yet. SIGINT and SIGTERM finish
-    the step and save it; an error saves nothing (the state is half-updated, the data position past
-    step 2's prompts), so the run restarts. Either way the resumed run ends bit for bit where the
+    the step and save it; a second SIGINT abandons the step, and an error stops it: both save nothing
+    (the state is half-updated, the data position past step 2's prompts), so the run restarts. Either way the resumed run ends bit for bit where the
     uninterrupted one does, with each step logged once."""
     tmp, reference = straight
     shutil.rmtree(tmp / "run", ignore_errors=True)
@@ -191,19 +191,22 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
             if len(calls) == 3:
                 if stop == "error":
                     raise RuntimeError("a failure mid-step")
-                signal.raise_signal(getattr(signal, stop))
+                for _ in range(2 if stop == "SIGINT twice" else 1):
+                    signal.raise_signal(getattr(signal, stop.split()[0]))
             return out
 
         return optimizer, state_sharding, ref_sharding, update_then_stop
 
     monkeypatch.setattr(trainer.ts, "compiled_train_step", stopping_at_update_3)
-    expected = {"SIGINT": KeyboardInterrupt, "SIGTERM": SystemExit, "error": RuntimeError}[stop]
-    with pytest.raises(expected):
+    expected, match = {"SIGINT": (KeyboardInterrupt, ""), "SIGTERM": (SystemExit, "143"), "error": (RuntimeError, "mid-step"),
+                       "SIGINT twice": (KeyboardInterrupt, "second SIGINT: abandoned the step in flight, unsaved")}[stop]
+    with pytest.raises(expected, match=match):
         run.train(config(tmp / "run", steps=3, checkpoint_every=2))
     monkeypatch.undo()
     saved = checkpoint.Checkpointer(tmp / "run" / "checkpoints", 1, 2).all_steps()
-    assert saved == ([] if stop == "error" else [2])
-    assert "stopped after step 2" in capsys.readouterr().out or stop == "error"
+    finished = stop in ("SIGINT", "SIGTERM")
+    assert saved == ([2] if finished else [])
+    assert ("stopped after step 2" in capsys.readouterr().out) == finished
 
     resumed = run.train(config(tmp / "run", steps=3, checkpoint_every=2))
     for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
