@@ -171,16 +171,20 @@ def test_gspo_ratio_is_the_length_normalized_sequence_likelihood_ratio():
         np.testing.assert_allclose(-run(cfg, x)[0], (np.prod(p) / np.prod(p_old)) ** (1 / length), rtol=1e-5)
 
 
+# Every loss that decides over the whole step or over groups (a new one joins by its registration).
+WHOLE_STEP = [name for name, spec in LOSSES.items() if spec.stats or spec.needs_groups]
+
+
 @pytest.mark.parametrize("cfg", [
     AlgorithmConfig.from_preset("gspo", eps_low=0.1, eps_high=0.15),
     AlgorithmConfig.from_preset("dr_grpo", eps_low=0.1, eps_high=0.15),
     AlgorithmConfig.from_preset("dapo", eps_low=0.1, eps_high=0.15),
     cfg_for("clip_cov", top_entropy_quantile=0.5),
-    cfg_for("disco"),
-], ids=["gspo", "dr_grpo", "dapo", "clip_cov_top_entropy", "disco"])
+    *map(cfg_for, WHOLE_STEP),
+], ids=["gspo", "dr_grpo", "dapo", "clip_cov_top_entropy", *WHOLE_STEP])
 def test_sharded_over_devices_equals_unsharded(cfg):
-    """Rows over 8 devices (normalizer and step statistics, DisCO's over groups of 4 rows spread over
-    devices, computed on the sharded arrays)."""
+    """Rows over 8 devices (normalizer and step statistics, group statistics over groups of 4 rows
+    spread over devices, computed on the sharded arrays)."""
     x = make_batch(5, (8, 4), noise=0.3)
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     sharded = {k: jax.device_put(jnp.asarray(v), NamedSharding(mesh, PartitionSpec("data"))) for k, v in x.items()}
