@@ -1,12 +1,13 @@
 """Presets and AlgorithmConfig validation: every preset runs end to end; bad configs fail early."""
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
 import pytest
 
-from grpo_jax import metrics
+from grpo_jax import algorithms, metrics
 from grpo_jax.algorithms import (
     PRESETS,
     AlgorithmConfig,
@@ -46,6 +47,27 @@ def test_every_preset_runs_one_loss_evaluation(preset):
 def test_presets_doc_is_generated():
     assert PATH.read_text() == presets_markdown(), "run: python -m grpo_jax.algorithms.presets_doc"
     assert SOURCES.keys() == PRESETS.keys()  # every preset names its paper
+
+
+def test_the_readme_algorithms_example_runs():
+    """The README's API example from `alg = ...` on (its names bound to) a random batch of 2 groups of 8."""
+    readme = (PATH.parents[1] / "README.md").read_text()
+    block = readme.split("```python\nfrom grpo_jax import algorithms, metrics")[1].split("```")[0]
+    rng = np.random.default_rng(0)
+    mask = (np.arange(512) < rng.integers(1, 512, (16, 1))).astype(np.float32)
+    logp = -rng.random((16, 512)).astype(np.float32)
+    names = dict(algorithms=algorithms, metrics=metrics, rewards=rng.random(16).astype(np.float32), mask=mask,
+                 logp=logp, old_logp=logp + rng.normal(0, 1e-3, logp.shape).astype(np.float32))
+    exec(block[block.index("alg = "):], names)
+    assert np.isfinite(names["loss"]) and {"clip_frac_low", "clip_frac_high"} <= names["values"].keys()
+
+
+def test_every_cited_document_is_in_the_repository():
+    root = PATH.parents[1]
+    for path in [*root.glob("*.md"), *(p for d in ("grpo_jax", "kernels", "experiments", "bench", "scripts", "tests")
+                                      for p in (root / d).rglob("*.py"))]:
+        for cited in re.findall(r"\b(?:docs|shared)/[\w/.-]+\.md\b", path.read_text()):
+            assert (root / cited).exists(), f"{path.relative_to(root)} cites {cited}"
 
 
 def test_overrides():
