@@ -250,9 +250,6 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
     return summary
 
 
-# -- writing -------------------------------------------------------------------------------------
-
-
 MAPS, MAP_LIMIT = pathlib.Path("/proc/self/maps"), pathlib.Path("/proc/sys/vm/max_map_count")
 
 
@@ -266,6 +263,9 @@ def drop_compiled_programs_near_the_map_limit() -> None:
     """
     if not (MAPS.exists() and MAP_LIMIT.exists()) or len(MAPS.read_bytes().splitlines()) > int(MAP_LIMIT.read_text()) // 2:
         jax.clear_caches()
+
+
+# -- writing -------------------------------------------------------------------------------------
 
 
 def git_state() -> dict:
