@@ -260,11 +260,16 @@ def test_a_dying_worker_causes_no_false_timeouts(caplog):
     assert "reward worker died" in caplog.text
 
 
-def test_timeouts_reach_the_console(caplog):
-    with caplog.at_level(logging.WARNING, logger="grpo_jax.rewards.scoring"):
-        _, failed, metrics = scoring.score((hangs,), (1.0,), ["q"], [os.devnull], [{}], timeout_s=0.5, num_workers=1)
-    assert failed.all() and metrics["reward/hangs/timeouts"] == 1
-    assert "reward 'hangs': 1 of 1 call(s) failed (timeout), first: no answer within 0.5s" in caplog.text
+def test_timeouts_reach_the_console():
+    """In a process that configures no logging (a user's script, the CLI), the warning is on stderr."""
+    script = (f"import os, sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+              "from grpo_jax.rewards import scoring; from fault_rewards import hangs\n"
+              "_, failed, metrics = scoring.score((hangs,), (1.0,), ['q'], [os.devnull], [{}], timeout_s=0.5, num_workers=1)\n"
+              "assert failed.all() and metrics['reward/hangs/timeouts'] == 1, metrics\n")
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reward 'hangs': 1 of 1 call(s) failed (timeout), first: no answer within 0.5s" in proc.stderr
 
 
 def test_a_starting_worker_survives_ctrl_c_to_the_process_group():
