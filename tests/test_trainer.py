@@ -220,21 +220,27 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     assert again["first_eval"] == reference["first_eval"] and again["last_eval"] == reference["last_eval"]
 
 
-def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(tmp_path, caplog):
+@pytest.mark.parametrize("on_failure", ["drop_group", "zero"])
+def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(on_failure, tmp_path, caplog):
     """A reward that returns nan for every completion of one of the step's two prompts: the failures are
-    counted and logged under its name and that group is dropped, so the update's inputs stay finite (a
-    nan reward used to make every later update non-finite, hence skipped)."""
-    cfg = dataclasses.replace(
-        config(tmp_path), reward=RewardConfig(names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1))
+    counted and logged under its name and that group is dropped (or, with on_failure="zero", scored 0 by
+    that reward), so the update's inputs stay finite (a nan reward used to make every later update
+    non-finite, hence skipped)."""
+    cfg = dataclasses.replace(config(tmp_path), reward=RewardConfig(
+        names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1, on_failure=on_failure))
     t = trainer.Trainer(cfg, rewards={"nan_for_odd": fault_rewards.nan_for_odd_answers})  # a reward passed in code
     assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
     batches, metrics = t.rollout_batch(jax.random.key(0))
     mask, advantages = (np.concatenate([np.asarray(getattr(b, f)) for b in batches]) for f in ("mask", "advantages"))
-    assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4 and metrics["groups/kept"] == 1
+    assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4
     assert "reward 'nan_for_odd_answers': 4 of 8 call(s) failed (nonfinite)" in caplog.text
     assert np.isfinite(advantages).all() and np.isfinite(metrics["reward/mean"])
     assert np.abs(advantages[:4]).sum() > 0 and mask[:4].any()  # the even prompt's group learns
-    assert not mask[4:].any() and not advantages[4:].any()  # the odd one's rows are masked padding
+    if on_failure == "drop_group":
+        assert metrics["groups/kept"] == 1
+        assert not mask[4:].any() and not advantages[4:].any()  # the odd one's rows are masked padding
+    else:  # the odd group learns from its length reward alone
+        assert metrics["groups/kept"] == 2 and mask[4:].any() and np.abs(advantages[4:]).sum() > 0
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e39 as float32: the point
