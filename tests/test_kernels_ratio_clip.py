@@ -11,7 +11,6 @@ from jax.sharding import PartitionSpec as P
 
 import _algorithm_cases as cases
 from grpo_jax.algorithms import LOSSES
-from grpo_jax.algorithms.config import AlgorithmConfig
 from grpo_jax.algorithms.ratio import clipped_surrogate
 from kernels.ratio_clip import LOG_RATIO_BOUND, ratio_clip
 
@@ -99,7 +98,7 @@ def test_log_ratios_beyond_the_bound_are_clamped(impl):
 KERNEL_CASES = [(name, {}) for name, spec in LOSSES.items() if spec.kernel == "ratio_clip"] + [("ppo_clip", {"clip_c": 3.0})]
 
 
-@pytest.mark.parametrize("name,fields", KERNEL_CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(c) or "")
+@pytest.mark.parametrize("name,fields", KERNEL_CASES, ids=["-".join([name, *fields]) for name, fields in KERNEL_CASES])
 def test_every_kernel_loss_through_the_pallas_kernel(name, fields):
     """AlgorithmConfig.ratio_impl puts the kernel into grpo_jax.algorithms: the same loss, metrics
     and gradient as the reference implementation (the jnp path is the registry-wide tests' default)."""

@@ -20,7 +20,7 @@ from grpo_jax.config import flatten, override, resume_changes
 from grpo_jax import logging as run_logging
 from grpo_jax.rewards import scoring
 from grpo_jax.train import load_config, main, parse_args
-from fault_rewards import dies_or_sleeps, hangs, odd_values
+from fault_rewards import dies_or_sleeps, odd_values
 
 ROOT = pathlib.Path(__file__).parents[1]
 QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"

@@ -175,8 +175,8 @@ def rows(out) -> list[dict]:
 def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     """A stop between the two updates of step 2, which has no checkpoint yet. SIGINT and SIGTERM finish
     the step and save it; a second SIGINT abandons the step, and an error stops it: both save nothing
-    (the state is half-updated, the data position past step 2's prompts), so the run restarts. Either way the resumed run ends bit for bit where the
-    uninterrupted one does, with each step logged once."""
+    (the state is half-updated, the data position past step 2's prompts), so the run restarts. Either
+    way the resumed run ends bit for bit where the uninterrupted one does, with each step logged once."""
     tmp, reference = straight
     shutil.rmtree(tmp / "run", ignore_errors=True)
     compiled = ts.compiled_train_step
@@ -198,8 +198,9 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
         return optimizer, state_sharding, ref_sharding, update_then_stop
 
     monkeypatch.setattr(trainer.ts, "compiled_train_step", stopping_at_update_3)
-    expected, match = {"SIGINT": (KeyboardInterrupt, ""), "SIGTERM": (SystemExit, "143"), "error": (RuntimeError, "mid-step"),
-                       "SIGINT twice": (KeyboardInterrupt, "second SIGINT: abandoned the step in flight, unsaved")}[stop]
+    expected, match = {"SIGINT": (KeyboardInterrupt, ""), "SIGTERM": (SystemExit, "143"),
+                       "SIGINT twice": (KeyboardInterrupt, "second SIGINT: abandoned the step in flight, unsaved"),
+                       "error": (RuntimeError, "mid-step")}[stop]
     with pytest.raises(expected, match=match):
         run.train(config(tmp / "run", steps=3, checkpoint_every=2))
     monkeypatch.undo()
