@@ -936,7 +936,7 @@ def run_toy(results_dir: pathlib.Path, quick: bool) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lm", action="store_true", help="also the language-model runs (hours of CPU; the study "
-                        "harness's flags --quick, --results-dir and --seeds then apply to them)")
+                        "harness's flags --quick, --results-dir, --seeds, --arms and --resume then apply to them)")
     parser.add_argument("--quick", action="store_true", help="with --lm the reduced study; the toy is the same")
     parser.add_argument("--results-dir", type=pathlib.Path, help="default: experiments/results/group_size_dynamics "
                         "(its quick/ subfolder with --quick)")

@@ -23,7 +23,7 @@ A study is one script, experiments/NAME.py: its config as code and its analysis.
         study.main(get_study, claims)
 
 `main` parses `--quick` (get_study(True): at most 10 minutes on 2 CPU cores), `--results-dir DIR`,
-`--seeds`, `--arms` and the launch flags of several processes (grpo_jax/distributed.py), then `run` does
+`--seeds`, `--arms`, `--resume` and the launch flags of several processes (grpo_jax/distributed.py), then `run` does
 the study:
 - per seed, a supervised warm start (experiments/warm_start.py; `Study.warm_start`: one for every
   arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
@@ -31,7 +31,10 @@ the study:
   them start from the same params;
 - every arm x seed through `grpo_jax.run.train` with train.seed = the seed (model init, data order,
   held-out draw, sampling: the same for every arm) and train.out_dir = runs/NAME/ARM/seedS, deleted
-  first: a fresh run, never a resume of another;
+  first: a fresh run, never a resume of another. With `--resume` (a study that was stopped) it is kept:
+  a complete run is read back, a stopped one continues from its last checkpoint (the start, if it has
+  none), and run.train refuses one whose config the study has since changed; the warm starts are redone
+  (they are deterministic);
 - each run's rows (its metrics.jsonl; `Run.series`, `Run.mean`, `Run.last` read them) gain the compute
   axes "updates" (optimizer updates so far) and "tokens" (completion tokens sampled so far, every
   generation round included), and the metrics `Study.derive` computes from a row;
@@ -135,7 +138,12 @@ class Run:
     seed: int
     config: Config
     rows: list[dict]
-    wall_seconds: float
+    resumed: bool = False  # continued or read back from an earlier process (--resume)
+
+    @property
+    def wall_seconds(self) -> float:
+        """The run's wall time, start-up included, summed over the processes that ran it (time/run_s)."""
+        return self.rows[-1]["time/run_s"]
 
     def series(self, key: str, x: str = "updates") -> tuple[np.ndarray, np.ndarray]:
         """(x, value) over the rows that logged `key`."""
@@ -212,8 +220,9 @@ def with_axes(rows: list[dict], cfg: Config, derive: Mapping) -> list[dict]:
 
 
 def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: pathlib.Path,
-        runs_dir: pathlib.Path) -> dict:
-    """Runs every arm x seed, then writes summary.json, table.md and the plots; returns the summary."""
+        runs_dir: pathlib.Path, resume: bool = False) -> dict:
+    """Runs every arm x seed (with `resume`, keeping the runs already in `runs_dir`), then writes
+    summary.json, table.md and the plots; returns the summary."""
     start, loads, git = time.perf_counter(), [list(os.getloadavg())], git_state()  # the code that runs
     results, warm_log = Results({arm: [] for arm in study.arms}), {}
     for seed in study.seeds:
@@ -234,14 +243,15 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
                     warm_log.setdefault(str(seed), []).append(entry)
                 params, entry = warm[key]
                 entry["arms"].append(arm)
-            distributed.remove(out_dir)
+            if not resume:
+                distributed.remove(out_dir)
             if jax.process_index() == 0:
                 print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
             out = run_lib.train(cfg, params)
             drop_compiled_programs_near_the_map_limit()
             loads.append(list(os.getloadavg()))
             rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
-            results[arm].append(Run(arm, seed, cfg, rows, out["wall_seconds"]))
+            results[arm].append(Run(arm, seed, cfg, rows, out["resumed_from"] is not None))
     if jax.process_index() != 0:  # process 0 writes the results
         return {}
     summary = write(study, results, claims(results), results_dir, time.perf_counter() - start, loads, warm_log, git)
@@ -309,7 +319,7 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
         "arms": {arm: {k: v for k, v in flatten(cfg).items() if base.get(k) != v and k not in drop}
                  for arm, cfg in study.arms.items()},
         "warm_starts": warm_log,  # per seed: each warm start, its config and the arms that start from it
-        "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1), "curves": {
+        "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1), "resumed": r.resumed, "curves": {
             k: _points(*r.series(k, "step")) for k in curves if r.series(k)[0].size}} for r in runs}
             for arm, runs in results.items()},
         "git": git,
@@ -370,10 +380,13 @@ def table_md(study: Study, summary: dict) -> str:
     if study.table:
         lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "", *table_rows(summary)]
     load, git = summary["load_average_1_5_15min"], summary["git"]
+    resumed = sum(r["resumed"] for runs in summary["runs"].values() for r in runs.values())
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "
               f"{load['max_1min_after_a_run']:.1f} (a shared machine: wall times are inflated). "
-              f"Commit {git['commit'][:10]}" + (" (with local changes)." if git["dirty"] else "."), ""]
+              f"Commit {git['commit'][:10]}" + (" (with local changes)." if git["dirty"] else ".")
+              + (f" {resumed} run(s) were continued or read back from an earlier process (--resume): the wall "
+                 "time is this process's; each run's own sums its processes." if resumed else ""), ""]
     return "\n".join(lines)
 
 
@@ -427,6 +440,9 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
                              "or its quick/ subfolder with --quick)")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the study's seeds")
     parser.add_argument("--arms", nargs="+", help="run only these of the study's arms (the table lists the arms run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped study: keep its runs (runs/NAME), read the complete ones back and "
+                             "continue the others from their last checkpoint")
     distributed.add_arguments(parser)
     args = parser.parse_args(argv)
     distributed.initialize(parser, args)
@@ -440,4 +456,4 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
         study = study.only(args.arms)
     name = study.name + ("_quick" if args.quick else "")
     results_dir = args.results_dir or HERE / "results" / study.name / ("quick" if args.quick else "")
-    return run(study, claims, results_dir, pathlib.Path("runs") / name)
+    return run(study, claims, results_dir, pathlib.Path("runs") / name, args.resume)

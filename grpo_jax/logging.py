@@ -80,13 +80,18 @@ class MetricsLogger:
     `out_dir/curves.png`.
 
     `resume_step` is the step of the checkpoint the run continues from (None: a fresh run, which
-    keeps no earlier rows)."""
+    keeps no earlier rows). Every row gains "time/run_s": the run's wall seconds so far, counted from
+    `started` (a `time.perf_counter()`; default: now) and continued from the resumed step's row, so
+    that each process's start-up counts and the steps a kill lost (logged again) count once."""
 
-    def __init__(self, out_dir: str | pathlib.Path, total_steps: int, resume_step: int | None = None):
+    def __init__(self, out_dir: str | pathlib.Path, total_steps: int, resume_step: int | None = None,
+                 started: float | None = None):
         self.enabled = jax.process_index() == 0
         self.out_dir = pathlib.Path(out_dir)
         keep = -1 if resume_step is None else resume_step
         self.history = [r for r in read_rows(self.out_dir / "metrics.jsonl") if r["step"] <= keep]
+        earlier = self.history[-1].get("time/run_s", 0.0) if self.history else 0.0
+        self.clock = (time.perf_counter() if started is None else started) - earlier
         if not self.enabled:
             return
         import tqdm
@@ -126,7 +131,7 @@ class MetricsLogger:
         """The step's row of scalars, and TensorBoard histograms of the `histograms` values."""
         if not self.enabled:
             return
-        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}, "time/run_s": time.perf_counter() - self.clock}
         self.history.append(row)
         self._append("metrics.jsonl", [row])
         self._tensorboard(step, scalars=row)

@@ -105,7 +105,7 @@ def use_compilation_cache(path: str) -> None:
 
 def train(cfg: Config, params=None, **data) -> dict:
     """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
-    set), the wall time and the final params. `data`: examples, held_out and rewards passed in code
+    set), the wall time, the checkpointed step it resumed from (None: a fresh run) and the final params. `data`: examples, held_out and rewards passed in code
     (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir` if it is set
     (use_compilation_cache)."""
     start = time.perf_counter()
@@ -120,7 +120,7 @@ def train(cfg: Config, params=None, **data) -> dict:
             check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory)
             t.restore(ckpt, resume)
         if t.step < tr.steps:
-            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume))
+            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start))
         else:
             print(f"run complete: {ckpt.directory} holds step {t.step} of train.steps={tr.steps}; nothing to do")
             rows = {r["step"]: r for r in run_logging.read_rows(out / "metrics.jsonl")}
@@ -130,7 +130,7 @@ def train(cfg: Config, params=None, **data) -> dict:
     if tr.export_hf:
         checkpoint.export_hf(cfg.model, t.export_params(), out / "hf", tokenizer_dir=t.source_path)
     return {"first_eval": first, "last_eval": last, "wall_seconds": time.perf_counter() - start,
-            "params": t.state.params}  # the trained params (under LoRA: the adapters)
+            "resumed_from": resume, "params": t.state.params}  # the trained params (under LoRA: the adapters)
 
 
 def check_resume(saved: dict, cfg: Config, directory: pathlib.Path) -> None:

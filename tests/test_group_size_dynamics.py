@@ -163,8 +163,8 @@ def synthetic_results(plateau_g2: float, steps: int = 60, seeds=(0, 1, 2)) -> st
             rows = [{"step": 0, "eval/accuracy_greedy": 0.2}] + [
                 {"step": i, "reward/mean": curve[i] + noise[0, i], "eval/accuracy_greedy": curve[i] + noise[1, i],
                  "groups/gen_rounds": 1, "completion/length_mean": 3.0} for i in range(1, steps + 1)]
-            wall = 10.0 if g == 2 else 50.0
-            results.setdefault(arm, []).append(study.Run(arm, seed, cfg, study.with_axes(rows, cfg, {}), wall))
+            rows[-1]["time/run_s"] = 10.0 if g == 2 else 50.0
+            results.setdefault(arm, []).append(study.Run(arm, seed, cfg, study.with_axes(rows, cfg, {})))
     return results
 
 

@@ -188,6 +188,27 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(damage, tmp_path
 
 # -- logs ----------------------------------------------------------------------------------------------
 
+def test_the_run_clock_counts_each_process_start_and_the_kept_steps_once(tmp_path):
+    """time/run_s: from `started` (the process's start-up before its first row counts), continued on
+    resume from the checkpointed step's row (the time of the steps a kill lost is not counted twice)."""
+    t0 = time.perf_counter()
+    first = run_logging.MetricsLogger(tmp_path, 6, started=t0 - 100.0)
+    for step in range(6):
+        first.log(step, {})
+    first.close()
+    first_took = time.perf_counter() - t0
+    at_checkpoint = first.history[3]["time/run_s"]
+    t1 = time.perf_counter()
+    resumed = run_logging.MetricsLogger(tmp_path, 6, resume_step=3, started=t1 - 7.0)
+    resumed.log(4, {})
+    resumed.close()
+    resumed_took = time.perf_counter() - t1
+    rows = run_logging.read_rows(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert 100.0 <= rows[0]["time/run_s"] <= at_checkpoint <= 100.0 + first_took
+    assert at_checkpoint + 7.0 <= rows[4]["time/run_s"] <= at_checkpoint + 7.0 + resumed_took
+
+
 def test_a_resumed_log_holds_every_step_once_and_plots_the_whole_run(tmp_path, monkeypatch):
     plotted = []
     monkeypatch.setattr(run_logging, "plot_curves", lambda history, path: plotted.append(list(history)))

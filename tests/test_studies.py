@@ -6,6 +6,7 @@ train step per arm)."""
 import dataclasses
 import json
 import pathlib
+import shutil
 import sys
 
 import jax
@@ -83,9 +84,9 @@ def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path) -> None
 
 
 def step0(tmp_path, arm, seed) -> dict:
-    """The evaluations before the first RL step."""
+    """The evaluations before the first RL step (without the run's clock)."""
     with (tmp_path / "runs" / arm / f"seed{seed}" / "metrics.jsonl").open() as f:
-        return json.loads(f.readline())
+        return {k: v for k, v in json.loads(f.readline()).items() if k != "time/run_s"}
 
 
 def test_only_keeps_the_named_arms_and_their_plots():
@@ -136,6 +137,17 @@ def test_gspo_vs_grpo(tmp_path):
     assert grpo["optim.learning_rate"] == gspo["optim.learning_rate"]
     assert [c["source"] for c in summary["claims"]] == ["arXiv 2507.18071 (GSPO), Figure 1",
                                                         "arXiv 2507.18071 (GSPO), Figure 2"]
+
+    # --resume: a complete run is read back untouched; a run that is missing runs afresh, to the same numbers.
+    grpo, gspo = (tmp_path / "runs" / arm / "seed0" for arm in s.arms)
+    kept = (grpo / "metrics.jsonl").read_bytes()
+    shutil.rmtree(gspo)
+    again = study.run(s, gspo_vs_grpo.claims, tmp_path / "again", tmp_path / "runs", resume=True)
+    assert (grpo / "metrics.jsonl").read_bytes() == kept
+    (first_grpo, first_gspo), (read_grpo, rerun_gspo) = ([x["runs"][a]["0"] for a in s.arms] for x in (summary, again))
+    assert read_grpo == {**first_grpo, "resumed": True} and not first_grpo["resumed"]
+    assert rerun_gspo["curves"] == first_gspo["curves"] and not rerun_gspo["resumed"]
+    assert "1 run(s) were continued or read back" in (tmp_path / "again" / "table.md").read_text()
 
 
 def test_length_bias(tmp_path):
@@ -251,7 +263,7 @@ def test_moe_routing_per_update_volatility_and_collapse():
                  "skipped_updates": 0}
                 for i, r in enumerate(rewards)]
         rows[-1]["skipped_updates"] = skipped
-        return study.Run("grpo", 0, override(cfg, [f"train.steps={len(rows)}"]), rows, 1.0)
+        return study.Run("grpo", 0, override(cfg, [f"train.steps={len(rows)}"]), rows)
 
     # updates 1-4 of a step see the drift of 0, 1, 2, 3 updates: mean 1.5 x the per-update drift
     assert moe_routing.per_update(run([0.2] * 10)) == pytest.approx(0.02)

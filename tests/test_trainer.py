@@ -213,12 +213,14 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed["last_eval"] == reference["last_eval"]
+    assert (reference["resumed_from"], resumed["resumed_from"]) == (None, 2 if finished else None)
     assert rows(tmp / "run") == rows(tmp / "straight")  # steps 0..3, each once, the same values
 
     again = run.train(config(tmp / "run", steps=3, checkpoint_every=2))  # a finished run says so, does nothing
     assert "run complete" in capsys.readouterr().out
     assert rows(tmp / "run") == rows(tmp / "straight")
     assert again["first_eval"] == reference["first_eval"] and again["last_eval"] == reference["last_eval"]
+    assert again["resumed_from"] == 3
 
 
 @pytest.mark.parametrize("on_failure", ["drop_group", "zero"])
