@@ -76,10 +76,17 @@ def parse_args(argv=None) -> Config:
 
 
 def main(argv=None):
-    from grpo_jax import run
+    from grpo_jax import run, trainer
+    from grpo_jax import train_step as ts
 
+    try:  # the config's own errors (a field, a shape, a path) end in their message, not a traceback
+        cfg = parse_args(argv)
+        trainer.check(cfg)
+        ts.check(cfg)
+    except (ValueError, TypeError, AttributeError, FileNotFoundError) as e:
+        sys.exit(f"python -m grpo_jax.train: error: {e}")
     try:
-        run.train(parse_args(argv))
+        run.train(cfg)
     except KeyboardInterrupt:  # the driver has said what it saved
         sys.exit(130)
 

@@ -50,6 +50,19 @@ def test_user_errors_name_the_field(assignment, message):
         override(load_config(QUICKSTART), [assignment])
 
 
+def test_the_command_line_ends_a_config_error_in_its_message(capsys):
+    from grpo_jax.train import main
+
+    for argv, message in (
+        (["--config", str(QUICKSTART), "--set", "train.minibatches=0"], "TrainConfig.minibatches=0 must be >= 1"),
+        (["--config", str(QUICKSTART), "--set", "train.minibatches=3"], "does not split into train.minibatches=3"),
+        (["--config", "nowhere.py"], "no such file"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert str(stop.value.code).startswith("python -m grpo_jax.train: error: ") and message in str(stop.value.code)
+
+
 def test_model_options_for_a_checkpoint():
     gsm8k = ROOT / "experiments" / "configs" / "gsm8k.py"
     cfg = override(load_config(gsm8k), ["model_options.moe_impl=ragged", "model_options.remat=full"])
