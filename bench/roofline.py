@@ -46,6 +46,14 @@ def train_flops(cfg: ModelConfig, rows: int, seq: int, new: int) -> float:
     return 3 * rows * (seq * layer_flops_per_token(cfg, seq) + new * logits_flops(cfg))
 
 
+def grouped_train_flops(cfg: ModelConfig, prompts: int, group: int, prompt_len: int, new: int) -> float:
+    """`train_flops` under Prefix Grouper (train.prefix_grouper): each prompt once over its own keys,
+    then the new - 1 fed completion tokens of every row over the prompt_len + new - 1 cache slots."""
+    cache = prompt_len + new - 1
+    return 3 * (prompts * prompt_len * layer_flops_per_token(cfg, prompt_len)
+                + prompts * group * ((new - 1) * layer_flops_per_token(cfg, cache) + new * logits_flops(cfg)))
+
+
 def forward_flops(cfg: ModelConfig, rows: int, seq: int, new: int) -> float:
     return rows * (seq * layer_flops_per_token(cfg, seq) + new * logits_flops(cfg))
 

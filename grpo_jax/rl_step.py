@@ -121,7 +121,8 @@ def rl_step(
     if not ts.on_policy(cfg):
         sampler_routes = rollout.routes if alg.routing_replay == "sampler" else None
         old_logp, routes = ts.old_logprobs(
-            cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, sampler_routes
+            cfg.model, cfg.sampling.temperature, state.params, tokens, positions, segment_ids, mask, sampler_routes,
+            group=ts.prefix_group(cfg),
         )
         old_logp = jax.lax.stop_gradient(old_logp)
     batch = ts.Batch(tokens, positions, segment_ids, mask, old_logp, rollout.logprobs, advantages, routes)

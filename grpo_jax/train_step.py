@@ -6,7 +6,8 @@ loss (one `algorithms.Normalizer` for the whole minibatch), so gradients and met
 the unsplit minibatch. Variants that decide over the whole minibatch (`algorithms.needs_step_stats`:
 Clip-Cov, KL-Cov, top-entropy selection, the losses over groups) get one no-grad pass over every
 micro-batch first, and their decisions split with the rows. Log-probs come from the final hidden states through
-`kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training.
+`kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training. Under `train.prefix_grouper`
+each group's prompt is encoded once (`prefix_group`), and micro-batches split by whole groups.
 
 An update is not applied (params, optimizer state and step untouched) when its minibatch has no
 counted token (`TrainState.empty`, metric `empty_updates`) or when the loss, the gradient or the
@@ -100,9 +101,28 @@ def on_policy(cfg: Config) -> bool:
             and not any(cfg.model.moe_layers))
 
 
+def prefix_group(cfg: Config) -> int:
+    """How many consecutive rows share one encoding of their prompt in the training forwards:
+    sampling.group_size under train.prefix_grouper (a rollout batch's groups are consecutive rows),
+    else 1 (every row encodes its own)."""
+    return cfg.sampling.group_size if cfg.train.prefix_grouper else 1
+
+
 def check(cfg: Config) -> None:
     """Errors of the update schedule a user can cause, raised before anything compiles."""
     alg, tr = cfg.algorithm, cfg.train
+    if tr.prefix_grouper and any(cfg.model.moe_layers):
+        raise ValueError(
+            "train.prefix_grouper=True: this MoE model's routing metrics and routing replay read every "
+            "token of a row, which prefix grouping encodes once per group; set train.prefix_grouper=False"
+        )
+    slices = tr.minibatches * tr.micro_batches
+    if tr.prefix_grouper and tr.prompts_per_step % slices:
+        raise ValueError(
+            f"train.prefix_grouper=True encodes each group's prompt once, so every micro-batch must hold whole "
+            f"groups, but train.prompts_per_step={tr.prompts_per_step} groups do not split into train.minibatches="
+            f"{tr.minibatches} x train.micro_batches={tr.micro_batches} = {slices} slices; choose divisors"
+        )
     if not algorithms.LOSSES[alg.loss].ratio and tr.minibatches > 1:
         raise ValueError(
             f"algorithm.loss={alg.loss!r} has no importance ratio, so minibatches 2..{tr.minibatches} of a "
@@ -130,7 +150,7 @@ def sequences(
     return tokens.astype(jnp.int32), positions, real.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 7))
+@functools.partial(jax.jit, static_argnums=(0, 1, 7), static_argnames=("group",))
 @checked  # checked when traced
 def completion_logprobs(
     model_cfg: models.ModelConfig,
@@ -142,14 +162,16 @@ def completion_logprobs(
     mask: Float[Array, "batch new"],
     with_entropy: bool = False,
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
+    group: int = 1,
 ) -> tuple[Float[Array, "batch new"], Float[Array, "batch new"] | None]:
     """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies),
-    replaying `routes` (see `Batch.routes`) if given. Jitted on its own; inlined inside the step."""
+    replaying `routes` (see `Batch.routes`) if given; rows in runs of `group` sharing their prompt
+    encode it once (`prefix_group`). Jitted on its own; inlined inside the step."""
     return _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy,
-                               routes)[:2]
+                               routes, group)[:2]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("group",))
 def old_logprobs(
     model_cfg: models.ModelConfig,
     temperature: float,
@@ -159,26 +181,32 @@ def old_logprobs(
     segment_ids: Int[Array, "batch seq"],
     mask: Float[Array, "batch new"],
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
+    group: int = 1,
 ) -> tuple[Float[Array, "batch new"], Int[Array, "batch moe_layers seq_minus_1 k"] | None]:
     """The one l^old pass of a rollout batch, and pi_old's routes for `Batch.routes` (MoE; else None).
 
     Given routes (routing_replay="sampler", R3: `Rollout.routes`) are replayed here too and returned;
     otherwise the routes are those this forward's router picks (what "old", R2, replays)."""
     logp, _, aux = _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, False,
-                                       routes)
+                                       routes, group)
     if "routes" not in aux:
         return logp, None
     return logp, jnp.moveaxis(aux["routes"], 0, 1) if routes is None else routes
 
 
-def _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy, routes):
+def _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy, routes,
+                        group=1):
     """(log-probs, entropies or None, the decoder's aux) of the last `new` tokens."""
     batch, new = mask.shape
-    replay = None if routes is None else jnp.moveaxis(routes, 1, 0)  # the decoder's [moe_layers, batch, ...]
-    hidden, aux = models.forward_with_aux(
-        model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1], replay
-    )
-    hidden = hidden[:, -new:].reshape(batch * new, -1)
+    if group > 1:
+        hidden, aux = _grouped_hidden(model_cfg, params, tokens, positions, segment_ids, new, group), {}
+    else:
+        replay = None if routes is None else jnp.moveaxis(routes, 1, 0)  # the decoder's [moe_layers, batch, ...]
+        hidden, aux = models.forward_with_aux(
+            model_cfg, params, tokens[:, :-1], positions[:, :-1], segment_ids[:, :-1], replay
+        )
+        hidden = hidden[:, -new:]
+    hidden = hidden.reshape(batch * new, -1)
     tied = model_cfg.tie_word_embeddings  # the [V, d] table as is: `embed.T` would be copied
     out = kernels.fused_logprobs(
         hidden,
@@ -196,6 +224,25 @@ def _completion_forward(model_cfg, temperature, params, tokens, positions, segme
     return out.reshape(batch, new), None, aux
 
 
+def _grouped_hidden(model_cfg, params, tokens, positions, segment_ids, new, group):
+    """The hidden states that predict the last `new` tokens, [batch, new, d], with each run of `group`
+    rows sharing one encoding of their prompt: Prefix Grouper's shared-prefix forward (arXiv
+    2506.05433). The prompts run once, as the sampler's prefill does, into a KV cache that every row
+    of the group then extends with its completion; the backward sums the G rows' gradients into the
+    one prompt encoding. The first completion token is predicted from the prompt's last position."""
+    prompt = tokens.shape[1] - new
+    first = slice(None, None, group)  # one row per group
+    cache = models.init_cache(model_cfg, tokens.shape[0] // group, tokens.shape[1] - 1)
+    last_prompt, cache, _ = models.extend(model_cfg, params, tokens[first, :prompt], positions[first, :prompt],
+                                          segment_ids[first, :prompt], cache, 0)
+    hidden = jnp.repeat(last_prompt[:, -1:], group, axis=0)
+    if new > 1:
+        completion, _, _ = models.extend(model_cfg, params, tokens[:, prompt:-1], positions[:, prompt:-1],
+                                         segment_ids[:, prompt:-1], models.repeat_cache(cache, group), prompt)
+        hidden = jnp.concatenate([hidden, completion], axis=1)
+    return hidden
+
+
 def _replayed_routes(cfg: Config, batch: Batch):
     """The routes every training forward runs on (None: the router's own picks)."""
     if cfg.algorithm.routing_replay == "none":
@@ -207,12 +254,13 @@ def _replayed_routes(cfg: Config, batch: Batch):
 
 
 def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
-    alg, logprobs = cfg.algorithm, functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature)
+    alg, group = cfg.algorithm, prefix_group(cfg)
+    logprobs = functools.partial(completion_logprobs, cfg.model, cfg.sampling.temperature, group=group)
     replayed = _replayed_routes(cfg, batch)
     # Entropy is reported every step, not only when it is a loss term.
     logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature,
                                              lora.policy_params(cfg.lora, params, ref_params), batch.tokens,
-                                             batch.positions, batch.segment_ids, batch.mask, True, replayed)
+                                             batch.positions, batch.segment_ids, batch.mask, True, replayed, group)
     old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
     if alg.beta > 0:  # the frozen reference routes by its own router
@@ -238,28 +286,34 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     return loss, (metrics, counts)
 
 
-def _micro_batches(tree, k: int):
-    """[B, ...] -> [k, B/k, ...], slice j holding rows j, j+k, ... (each device keeps its rows)."""
+def _micro_batches(tree, k: int, unit: int = 1):
+    """[B, ...] -> [k, B/k, ...] by runs of `unit` rows (`prefix_group`): slice j holds runs j, j+k, ...
+    (each device keeps its rows)."""
     def split(x):
-        return jnp.moveaxis(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 1, 0)
+        runs = x.reshape(x.shape[0] // (k * unit), k, unit, *x.shape[1:])
+        return jnp.moveaxis(runs, 1, 0).reshape(k, x.shape[0] // k, *x.shape[1:])
 
     return jax.tree.map(split, tree)
 
 
-def _unsplit(x):
+def _unsplit(x, unit: int = 1):
     """The inverse of `_micro_batches` for one array."""
-    return jnp.moveaxis(x, 0, 1).reshape(-1, *x.shape[2:])
+    k = x.shape[0]
+    runs = x.reshape(k, x.shape[1] // unit, unit, *x.shape[2:])
+    return jnp.moveaxis(runs, 0, 1).reshape(-1, *x.shape[2:])
 
 
 def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algorithms.StepStats:
     """The no-grad pass over every micro-batch, then the step's decisions on the whole minibatch.
 
     Clip-Cov's random choice comes from a permutation keyed by (train.seed, state.step)."""
+    unit = prefix_group(cfg)
+
     def forward(mb):
         return completion_logprobs(cfg.model, cfg.sampling.temperature, params, mb.tokens, mb.positions,
-                                   mb.segment_ids, mb.mask, True, _replayed_routes(cfg, mb))
+                                   mb.segment_ids, mb.mask, True, _replayed_routes(cfg, mb), group=unit)
 
-    logp, entropy = map(_unsplit, jax.lax.map(forward, micro))
+    logp, entropy = (_unsplit(x, unit) for x in jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
     priority = jax.random.permutation(key, batch.mask.size).reshape(batch.mask.shape)
     old_logp = logp if batch.old_logp is None else batch.old_logp
@@ -284,20 +338,20 @@ def train_step(
 
     `ref_params` are the frozen params: the reference when beta > 0 (None otherwise); with LoRA, the
     base the trained adapters (`state.params`) attach to, which is the reference too."""
-    k = cfg.train.micro_batches
+    k, unit = cfg.train.micro_batches, prefix_group(cfg)
     if batch.old_logp is None and not on_policy(cfg):
         raise ValueError(
             f"Batch.old_logp is None, but with algorithm.num_iterations={cfg.algorithm.num_iterations} and "
             f"train.minibatches={cfg.train.minibatches} updates after the first are off-policy: pass l^old "
             "computed under the params that sampled (train_step.completion_logprobs)"
         )
-    if batch.advantages.shape[0] % k:
+    if batch.advantages.shape[0] % (k * unit):
         raise ValueError(
             f"a minibatch of {batch.advantages.shape[0]} completions does not split into "
-            f"train.micro_batches={k}; choose a divisor"
+            f"train.micro_batches={k}" + (f" of whole groups of {unit}" if unit > 1 else "") + "; choose a divisor"
         )
     normalizer = algorithms.normalizer(cfg.algorithm, batch.mask, cfg.sampling.max_new_tokens)
-    micro = _micro_batches(batch, k)
+    micro = _micro_batches(batch, k, unit)
     stats = None
     if algorithms.needs_step_stats(cfg.algorithm):
         stats = _step_stats(cfg, lora.policy_params(cfg.lora, state.params, ref_params), batch, micro, state.step)
@@ -313,7 +367,7 @@ def train_step(
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     else:
         zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        grads, (losses, metrics, counts) = jax.lax.scan(accumulate, zero_grads, (micro, _micro_batches(stats, k)))
+        grads, (losses, metrics, counts) = jax.lax.scan(accumulate, zero_grads, (micro, _micro_batches(stats, k, unit)))
         loss, metrics = losses.sum(), metrics_lib.reduce_stacked(metrics)
         counts = None if counts is None else counts.sum(0)
     if counts is not None:  # MoE: the balance of the whole minibatch's routed token counts

@@ -353,7 +353,8 @@ class Trainer:
         for b in batches:
             with sharding.activation_rules(self.mesh):
                 old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.policy_params,
-                                                   b.tokens, b.positions, b.segment_ids, b.mask, b.routes)
+                                                   b.tokens, b.positions, b.segment_ids, b.mask, b.routes,
+                                                   group=ts.prefix_group(cfg))
             out.append(dataclasses.replace(b, old_logp=old_logp, routes=routes))
         return out
 

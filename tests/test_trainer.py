@@ -57,6 +57,20 @@ def test_every_preset_runs_two_steps(preset, tmp_path):
     assert metrics["groups/kept"] <= 2 and metrics["completion/length_mean"] > 0
 
 
+def test_prefix_grouping_through_the_trainer_changes_no_metric(tmp_path):
+    """train.prefix_grouper on the trainer's rollout batches (groups in consecutive rows, split into
+    2 minibatches with l^old from the grouped forward): every metric of a step as without it."""
+    timing = ("time/", "throughput/", "reward/time_s")
+    steps = []
+    for grouper in (False, True):
+        t = trainer.Trainer(config(tmp_path / str(grouper), "gspo", prefix_grouper=grouper))
+        metrics, _ = t.train_step()
+        steps.append({k: v for k, v in metrics.items() if not k.startswith(timing)})
+    assert steps[0].keys() == steps[1].keys() and steps[0]["clip_frac_high"] + steps[0]["clip_frac_low"] > 0
+    for name in steps[0]:
+        np.testing.assert_allclose(steps[1][name], steps[0][name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_mu_2_reuses_old_logprobs_so_the_ratio_moves_and_clips(tmp_path):
     cfg = config(tmp_path, "gspo", minibatches=1)
     cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, num_iterations=2))
