@@ -130,7 +130,8 @@ def run(cfg, x, nz=None, stats="auto"):
 
 
 def reference_loss(cfg, x, group_size=GROUP):
-    """(loss, clip fractions, gradient, clip units) of the float64 reference on the same inputs."""
+    """(loss, fractions (clipped; zeroed by rollout correction), gradient, clip units) of the float64
+    reference on the same inputs."""
     x64 = {k: np.asarray(v, np.float64) if k not in ("priority", "tokens") else np.asarray(v) for k, v in x.items()}
     args = (x64["old_logp"], x64["advantages"], x64["mask"])
     kw = dict(ref_logp=x64["ref_logp"], sampler_logp=x64["sampler_logp"], entropy=x64["entropy"],

@@ -70,7 +70,8 @@ def step_statistics(cfg, logp, old_logp, advantages, mask, entropy, priority, to
 
 def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_logp=None, entropy=None,
                 priority=None, tokens=None, group_size=None, max_completion_len=8, statistics=None):
-    """(step loss, clip fractions, clip units) of `algorithms.policy_loss` over the whole batch, in float64.
+    """(step loss, fractions, clip units) of `algorithms.policy_loss` over the whole batch, in float64;
+    the fractions: clipped units and tokens, and, where rollout correction is on, the units it zeroes.
 
     `lv` carries the perturbation of a gradient check, `lf` the unperturbed log-probs (everything the
     library detaches is computed from lf, including the step statistics, which a caller that
@@ -86,6 +87,7 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
     n = sum(len(idx) > 0 for idx in counted)
     ntok = sum(len(idx) for idx in counted)
     units, clips = [], {"low": [], "high": [], "low_tokens": [], "high_tokens": [], "units": 0}
+    zeroed = {"tis_masked_frac": 0.0, "off_policy_masked_frac": 0.0}  # units the correction zeroes
     for i, idx in enumerate(counted):
         if len(idx) == 0:
             continue
@@ -101,11 +103,16 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
         clips["units"] += 1 if per_sequence else len(idx)
         if spec.unit == "token":
             u = u * keep[i, idx]
+        per_unit = len(idx) if spec.unit == "token" else 1  # a completion's share of the units
         if cfg.tis_level is not None:
-            u = u * correction_weight(cfg, old_logp[i, idx] - sampler_logp[i, idx])
+            w = correction_weight(cfg, old_logp[i, idx] - sampler_logp[i, idx])
+            u = u * w
+            zeroed["tis_masked_frac"] += np.mean(np.broadcast_to(w, len(idx)) == 0) * per_unit
         if cfg.off_policy_threshold is not None:
             drift = np.mean(np.abs(old_logp[i, idx] - sampler_logp[i, idx]))
-            u = u * ~((a if spec.unit == "token" else a[0]) < 0) if drift > cfg.off_policy_threshold else u
+            dropped = ((a if spec.unit == "token" else a[0]) < 0) & (drift > cfg.off_policy_threshold)
+            u = u * ~dropped
+            zeroed["off_policy_masked_frac"] += np.mean(dropped) * per_unit
         reg = np.zeros(len(idx))
         if cfg.beta > 0:
             reg = reg + cfg.beta * KL_ESTIMATORS[cfg.kl_estimator].reference(lv[i, idx], ref_logp[i, idx])
@@ -119,6 +126,8 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
         "clip_frac_low_tokens": sum(clips["low_tokens"]) / max(ntok, 1),
         "clip_frac_high_tokens": sum(clips["high_tokens"]) / max(ntok, 1),
     }
+    options = {"tis_masked_frac": cfg.tis_level is not None, "off_policy_masked_frac": cfg.off_policy_threshold is not None}
+    fractions |= {name: count / max(ntok if spec.unit == "token" else n, 1) for name, count in zeroed.items() if options[name]}
     return loss, fractions, clips["units"]
 
 
