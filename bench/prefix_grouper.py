@@ -7,13 +7,15 @@ The issue-17 model (Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 
 float32, random init); 2 prompts x 8 samples, 64 new tokens, GSPO, one micro-batch. Per prompt length:
 the on-policy update (fwd + bwd + AdamW) per row and grouped, medians of --reps interleaved runs after a
 warm-up, with each layout's own FLOPs (bench/roofline.py), GFLOP/s, fraction of the measured matmul
-peak, and the compiled update's temporary memory (memory_analysis, compiled, not run). The two
-layouts' losses are checked equal before timing. Writes bench/results/prefix_grouper.json.
+peak, and the compiled update's temporary memory (memory_analysis, compiled, not run), also under
+model.remat=full. The two layouts' losses are checked equal before timing. Writes
+bench/results/prefix_grouper.json.
 """
 
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import pathlib
 import sys
@@ -48,12 +50,14 @@ def measure(prompt_len: int, reps: int, peak: float) -> dict:
                                                jnp.asarray(rng.integers(3, MODEL.vocab_size, (rows, NEW)), jnp.int32))
     mask = jnp.ones((rows, NEW), jnp.float32)
     batch = ts.Batch(tokens, positions, segments, mask, None, mask * 0, jnp.asarray(rng.normal(size=rows), jnp.float32))
-    runs, memory, losses = {}, {}, {}
+    runs, memory, remat_memory, losses = {}, {}, {}, {}
     for name, grouper in (("per row", False), ("grouped", True)):
         cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, prefix_grouper=grouper))
         optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, sharding.make_mesh(cfg.mesh))
         state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
-        memory[name] = update.lower(state[0], None, batch).compile().memory_analysis().temp_size_in_bytes
+        memory[name] = temp_bytes(update, state[0], batch)
+        remat = dataclasses.replace(cfg, model=dataclasses.replace(MODEL, remat="full"))
+        remat_memory[name] = temp_bytes(jax.jit(functools.partial(ts.train_step, remat, optimizer)), state[0], batch)
         state[0], m = update(state[0], None, batch)  # the first update: the same in both layouts
         losses[name] = float(metrics.finalize(m)["loss"])
 
@@ -69,7 +73,13 @@ def measure(prompt_len: int, reps: int, peak: float) -> dict:
              "grouped": roofline.grouped_train_flops(MODEL, PROMPTS, GROUP, prompt_len, NEW)}
     return dict(prompt_len=prompt_len, load=roofline.load(), speedup=t["per row"] / t["grouped"],
                 memory_ratio=memory["grouped"] / memory["per row"],
-                **{name: roofline.row(name, t[name], flops[name], peak, temp_mib=memory[name] / 2**20) for name in t})
+                **{name: roofline.row(name, t[name], flops[name], peak, temp_mib=memory[name] / 2**20,
+                                      remat_temp_mib=remat_memory[name] / 2**20) for name in t})
+
+
+def temp_bytes(update, state, batch) -> int:
+    """The compiled update's temporary memory (compiled, not run)."""
+    return update.lower(state, None, batch).compile().memory_analysis().temp_size_in_bytes
 
 
 def main():
@@ -84,14 +94,15 @@ def main():
                    load_start=roofline.load(), rows=[])
     print(f"matmul peak {peak:.0f} GFLOP/s; {results['load_start']}")
     print(f"{'prompt':>7s}{'per row s':>10s}{'of peak':>8s}{'grouped s':>10s}{'of peak':>8s}{'speedup':>8s}"
-          f"{'FLOP ratio':>11s}{'temp MiB':>15s}")
+          f"{'FLOP ratio':>11s}{'temp MiB':>15s}{'remat=full MiB':>17s}")
     for prompt_len in args.prompt_lens:
         r = measure(prompt_len, args.reps, peak)
         results["rows"].append(r)
         OUT.write_text(json.dumps(results, indent=2) + "\n")
         a, b = r["per row"], r["grouped"]
         print(f"{prompt_len:>7d}{a['seconds']:>10.3f}{a['peak_frac']:>8.2f}{b['seconds']:>10.3f}{b['peak_frac']:>8.2f}"
-              f"{r['speedup']:>8.2f}{a['gflop'] / b['gflop']:>11.2f}{a['temp_mib']:>8.0f} -> {b['temp_mib']:<6.0f}",
+              f"{r['speedup']:>8.2f}{a['gflop'] / b['gflop']:>11.2f}{a['temp_mib']:>8.0f} -> {b['temp_mib']:<6.0f}"
+              f"{a['remat_temp_mib']:>8.0f} -> {b['remat_temp_mib']:<6.0f}",
               flush=True)
     results["load_end"] = roofline.load()
     OUT.write_text(json.dumps(results, indent=2) + "\n")

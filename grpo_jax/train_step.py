@@ -226,21 +226,17 @@ def _completion_forward(model_cfg, temperature, params, tokens, positions, segme
 
 def _grouped_hidden(model_cfg, params, tokens, positions, segment_ids, new, group):
     """The hidden states that predict the last `new` tokens, [batch, new, d], with each run of `group`
-    rows sharing one encoding of their prompt: Prefix Grouper's shared-prefix forward (arXiv
-    2506.05433). The prompts run once, as the sampler's prefill does, into a KV cache that every row
-    of the group then extends with its completion; the backward sums the G rows' gradients into the
-    one prompt encoding. The first completion token is predicted from the prompt's last position."""
-    prompt = tokens.shape[1] - new
-    first = slice(None, None, group)  # one row per group
-    cache = models.init_cache(model_cfg, tokens.shape[0] // group, tokens.shape[1] - 1)
-    last_prompt, cache, _ = models.extend(model_cfg, params, tokens[first, :prompt], positions[first, :prompt],
-                                          segment_ids[first, :prompt], cache, 0)
-    hidden = jnp.repeat(last_prompt[:, -1:], group, axis=0)
-    if new > 1:
-        completion, _, _ = models.extend(model_cfg, params, tokens[:, prompt:-1], positions[:, prompt:-1],
-                                         segment_ids[:, prompt:-1], models.repeat_cache(cache, group), prompt)
-        hidden = jnp.concatenate([hidden, completion], axis=1)
-    return hidden
+    rows sharing one encoding of their prompt (`models.forward_shared_prefix`, Prefix Grouper); the
+    backward sums the G rows' gradients into it. The first completion token is predicted from the
+    prompt's last position."""
+    prompt, first = tokens.shape[1] - new, slice(None, None, group)  # `first`: one row per group
+    shared = (tokens[first, :prompt], positions[first, :prompt], segment_ids[first, :prompt])
+    if new == 1:
+        prompt_hidden = models.forward(model_cfg, params, *shared)
+        return jnp.repeat(prompt_hidden[:, -1:], group, axis=0)
+    prompt_hidden, hidden = models.forward_shared_prefix(model_cfg, params, *shared, tokens[:, prompt:-1],
+                                                         positions[:, prompt:-1], segment_ids[:, prompt:-1])
+    return jnp.concatenate([jnp.repeat(prompt_hidden[:, -1:], group, axis=0), hidden], axis=1)
 
 
 def _replayed_routes(cfg: Config, batch: Batch):

@@ -44,6 +44,22 @@ def grouped(params):
                     jnp.asarray(old), jnp.asarray(rng.normal(size=rows).astype(np.float32)))
 
 
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_shared_prefix_forward_equals_the_forward_of_each_row(remat, params, grouped):
+    """models.forward_shared_prefix: the hidden states of each prompt (once) and of its G continuations
+    are those `forward` gives each whole row (left padding and segment ids included)."""
+    cfg = dataclasses.replace(MODEL, remat=remat)
+    b = grouped  # continuations: the completions' first NEW - 2 tokens
+    want = models.forward(cfg, params, b.tokens[:, :-2], b.positions[:, :-2], b.segment_ids[:, :-2])
+    head = (x[::G, :PROMPT] for x in (b.tokens, b.positions, b.segment_ids))
+    tail = (x[:, PROMPT:-2] for x in (b.tokens, b.positions, b.segment_ids))
+    prefix_hidden, hidden = jax.jit(models.forward_shared_prefix, static_argnums=0)(cfg, params, *head, *tail)
+    real = np.asarray(b.segment_ids[::G, :PROMPT]) > 0
+    np.testing.assert_allclose(np.asarray(prefix_hidden)[real], np.asarray(want[::G, :PROMPT])[real], atol=1e-5)
+    np.testing.assert_allclose(hidden, want[:, PROMPT:], atol=1e-5)
+    assert hidden.shape == (len(b.tokens), NEW - 2, MODEL.hidden_size)
+
+
 def test_grouped_logprobs_and_entropies_equal_full_logits(params, grouped):
     b = grouped
     want_logp, want_entropy = reference_logprobs(params, b.tokens, b.positions, b.segment_ids, 0.7)

@@ -6,6 +6,8 @@
     hidden = forward(cfg, params, tokens, positions=None, segment_ids=None)  # [B, S, d], final-normed
     hidden, aux = forward_with_aux(..., routes=None)          # MoE: aux router_logits, routes,
                                                               # router_entropy; routes: replay
+    prefix_hidden, hidden = forward_shared_prefix(cfg, params, prefix_tokens, prefix_positions,
+        prefix_segment_ids, tokens, positions, segment_ids)  # each prefix once for its G rows
     w = unembedding(cfg, params)                              # [d, V]; logits = hidden @ w
     logits(cfg, params, tokens, positions=None, segment_ids=None)            # [B, S, V] float32
 
@@ -44,6 +46,7 @@ from grpo_jax.models.decoder import (
     cache_specs,
     extend,
     forward,
+    forward_shared_prefix,
     forward_with_aux,
     init,
     init_cache,
@@ -64,6 +67,7 @@ __all__ = [
     "cache_specs",
     "extend",
     "forward",
+    "forward_shared_prefix",
     "forward_with_aux",
     "init",
     "init_cache",

@@ -233,9 +233,11 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index):
-    """Self-attention of T new tokens. With a cache (kv: k, v of all layers) their keys and values
-    are written in place at [layer, :, :, index:index+T] and all slots of this layer are attended."""
+def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index, prefix=None):
+    """Self-attention of T new tokens; returns (output, the cache, this layer's k and v of the T
+    tokens in the cache layout). With a cache (kv: k, v of all layers) their keys and values are
+    written in place at [layer, :, :, index:index+T] and all slots of this layer are attended. With a
+    `prefix` (this layer's k and v of `index` earlier tokens, read-only) those come first."""
     q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
     k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
     v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
@@ -248,6 +250,9 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
     q_slot = index + jnp.arange(x.shape[1])
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
+    own = (k, v)
+    if prefix is not None:
+        k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
     if kv is not None:
         k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype)[None], (layer, 0, 0, 0, index))
         v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype)[None], (layer, 0, 0, index, 0))
@@ -260,7 +265,7 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     )
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
-    return _dense(out, p["o"], 2), kv
+    return _dense(out, p["o"], 2), kv, own
 
 
 def _mlp(p, x):
@@ -342,48 +347,61 @@ def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
     return [tuple(r) for r in runs]
 
 
-def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=None):
+def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=None, prefix=None, emit_kv=False):
+    """The layers over T tokens: (final normed hidden, the updated cache or None, aux). `prefix`:
+    (k [layers, B/G, ...], v, segment_ids [B/G, P]) of P earlier tokens that every run of G rows
+    shares, read-only, as scan inputs (so a remat layer saves its own slice, not a carried stack);
+    `emit_kv`: aux["kv"] holds every layer's k and v of the T tokens (such a prefix)."""
     cdt = cfg.jnp_compute_dtype
     cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
     table = _constrain(params["embed"].astype(cdt), ("vocab", None))  # gathered over fsdp like every weight
     x = _constrain(table[tokens], ("batch", "seq", "embed"))
-    if cache is None:
-        k_segment_ids = segment_ids
-    else:
+    group = 1 if prefix is None else tokens.shape[0] // prefix[2].shape[0]
+    if cache is not None:
         k_segment_ids = jax.lax.dynamic_update_slice_in_dim(
             cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
         )
+    elif prefix is not None:
+        k_segment_ids = jnp.concatenate([jnp.repeat(prefix[2], group, axis=0), segment_ids], axis=1)
+    else:
+        k_segment_ids = segment_ids
 
     def layer(carry, xs, is_moe):
-        (x, kv), (lp, mp, i, replay) = carry, (cast(xs[0]), cast(xs[1]), xs[2], xs[3])
+        (x, kv), (lp, mp, i, replay, shared) = carry, (cast(xs[0]), cast(xs[1]), xs[2], xs[3], xs[4])
+        if shared is not None:  # this layer's prefix, once per group: each row of the group reads it
+            shared = tuple(jnp.repeat(a, group, axis=0) for a in shared)
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        a, kv = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index)
+        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index, shared)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if is_moe:
             m, *routing = _moe(cfg, mp, h, replay)
         else:
             m, routing = _mlp(mp, h), None
-        return (_constrain(x + m, ("batch", "seq", "embed")), kv), routing
+        return (_constrain(x + m, ("batch", "seq", "embed")), kv), (routing, own if emit_kv else None)
 
     kv = None if cache is None else (cache["k"], cache["v"])
-    routing = []
+    routing, emitted = [], []
     for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run: program size flat in depth
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
         kind = slice(kind_start, kind_start + stop - start)
         mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
         replay = routes[kind] if is_moe and routes is not None else None
+        shared = None if prefix is None else (prefix[0][start:stop], prefix[1][start:stop])
         body = functools.partial(layer, is_moe=is_moe)
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
-        (x, kv), ys = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop), replay))
+        (x, kv), (ys, own) = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop), replay, shared))
         if is_moe:
             routing.append(ys)
+        emitted.append(own)
     hidden = _rms_norm(x, params["final_norm"].astype(cdt), cfg.rms_norm_eps)
     aux = {}
     if routing:
         names = ("router_logits", "routes", "router_entropy")
         aux = {name: jnp.concatenate([r[j] for r in routing]) for j, name in enumerate(names)}
+    if emit_kv:
+        aux["kv"] = tuple(jnp.concatenate([e[j] for e in emitted]) for j in range(2))
     if cache is not None:
         new_cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
         if "routes" in cache:  # every token's experts, recorded as it is run (routing replay R3)
@@ -409,6 +427,29 @@ def extend(
     routes are also written to the cache's slots). The caller keeps index + T <= max_len (a traced
     index cannot be checked; XLA would clamp the write)."""
     return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
+
+
+@checked
+def forward_shared_prefix(
+    cfg: ModelConfig,
+    params: Params,
+    prefix_tokens: Int[ArrayLike, "groups prefix"],
+    prefix_positions: Int[ArrayLike, "groups prefix"],
+    prefix_segment_ids: Int[ArrayLike, "groups prefix"],
+    tokens: Int[ArrayLike, "batch time"],
+    positions: Int[ArrayLike, "batch time"],
+    segment_ids: Int[ArrayLike, "batch time"],
+) -> tuple[Float[Array, "groups prefix embed"], Float[Array, "batch time embed"]]:
+    """Prefix Grouper's shared-prefix forward (arXiv 2506.05433): rows g*G .. g*G+G-1 of `tokens`
+    (G = batch / groups) continue prefix row g, which is encoded once. Returns the final normed hidden
+    states of the prefixes and of the continuations: those of `forward` over each prefix followed by
+    its continuation (the same segment-id rules). Each layer's prefix keys and values go from the
+    first pass to the second as scan inputs, so under remat a layer saves only its own."""
+    prefix_hidden, _, aux = _decoder(cfg, params, prefix_tokens, prefix_positions, prefix_segment_ids, None, 0,
+                                     emit_kv=True)
+    hidden, _, _ = _decoder(cfg, params, tokens, positions, segment_ids, None, prefix_tokens.shape[1],
+                            prefix=(*aux["kv"], prefix_segment_ids))
+    return prefix_hidden, hidden
 
 
 @checked
