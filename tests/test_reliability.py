@@ -155,8 +155,15 @@ def test_bad_inputs_are_clear_errors_before_compiling(case, tmp_path, monkeypatc
     sets = [s.format(file=write(tmp_path / "a_file", "")) for s in sets]
     for method in ("evaluate", "train_step"):  # nothing may be sampled, compiled or trained first
         monkeypatch.setattr(trainer.Trainer, method, lambda *a, m=method: pytest.fail(f"{m} ran before the error"))
-    with pytest.raises(error, match=message):
+    # The config's own errors end the command line in their message (no traceback); the others raise.
+    with pytest.raises((error, SystemExit)) as raised:
         main(argv(tmp_path / "run", *sets, config=config))
+    if raised.type is SystemExit:
+        text = str(raised.value.code)
+        assert issubclass(error, (ValueError, TypeError, AttributeError, FileNotFoundError))
+        assert text.startswith("python -m grpo_jax.train: error: ") and re.search(message, text), text
+    else:
+        assert re.search(message, str(raised.value)), raised.value
 
 
 def test_set_changes_fields_that_must_agree_together(tmp_path):
@@ -237,7 +244,7 @@ def test_a_resumed_log_holds_every_step_once_and_plots_the_whole_run(tmp_path, m
     assert [r["step"] for r in plotted[-1]] == [0, 1, 2, 3, 4, 5, 6]  # the curves: the whole run
     drill = load_drill()
     events = drill.event_scalars(tmp_path / "tensorboard")
-    assert sorted(step for _, step in events) == [0, 1, 2, 3, 4, 5, 6]  # once each, no truncated record
+    assert sorted(step for tag, step in events if tag == "reward/mean") == [0, 1, 2, 3, 4, 5, 6]  # once each
     assert all(np.float32(v) == np.float32(r["reward/mean"]) for r in rows for v in events[("reward/mean", r["step"])])
 
 
@@ -249,7 +256,8 @@ def test_a_killed_run_loses_no_logged_row(tmp_path):
               "for step in range(50):\n    log.log(step, {'loss': float(step)})\nos.kill(os.getpid(), signal.SIGKILL)\n")
     subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert len(run_logging.read_rows(tmp_path / "metrics.jsonl")) == 50
-    assert sorted(step for _, step in load_drill().event_scalars(tmp_path / "tensorboard")) == list(range(50))
+    events = load_drill().event_scalars(tmp_path / "tensorboard")
+    assert sorted(step for tag, step in events if tag == "loss") == list(range(50))
 
 
 # -- rewards -------------------------------------------------------------------------------------------
