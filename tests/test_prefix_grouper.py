@@ -58,6 +58,9 @@ def test_shared_prefix_forward_equals_the_forward_of_each_row(params, grouped):
     np.testing.assert_allclose(np.asarray(prefix_hidden)[real], np.asarray(want[::G, :PROMPT])[real], atol=1e-5)
     np.testing.assert_allclose(hidden, want[:, PROMPT:], atol=1e-5)
     assert hidden.shape == (len(b.tokens), NEW - 2, MODEL.hidden_size)
+    with pytest.raises(ValueError, match="8 rows do not continue 3 prefixes"):
+        models.forward_shared_prefix(cfg, params, *(x[:3, :PROMPT] for x in (b.tokens, b.positions, b.segment_ids)),
+                                     *(x[:, PROMPT:-2] for x in (b.tokens, b.positions, b.segment_ids)))
 
 
 def test_grouped_logprobs_and_entropies_equal_full_logits(params, grouped):

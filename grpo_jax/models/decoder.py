@@ -445,6 +445,9 @@ def forward_shared_prefix(
     states of the prefixes and of the continuations: those of `forward` over each prefix followed by
     its continuation (the same segment-id rules). Each layer's prefix keys and values go from the
     first pass to the second as scan inputs, so under remat a layer saves only its own."""
+    if tokens.shape[0] % prefix_tokens.shape[0]:
+        raise ValueError(f"{tokens.shape[0]} rows do not continue {prefix_tokens.shape[0]} prefixes in equal runs: "
+                         "give G rows per prefix, each prefix's rows consecutive")
     prefix_hidden, _, aux = _decoder(cfg, params, prefix_tokens, prefix_positions, prefix_segment_ids, None, 0,
                                      emit_kv=True)
     hidden, _, _ = _decoder(cfg, params, tokens, positions, segment_ids, None, prefix_tokens.shape[1],
