@@ -22,8 +22,8 @@ Two testbeds, each with its own claims:
   momentum) and Adam in float64. The mean-field reduction is exact there (the dynamics stay in the logit
   gap), so (1)-(5) are checked without sampling noise; Monte Carlo runs of the same toy (sampled groups)
   give the fluctuations.
-- Language-model runs, only with --lm (not run in the committed table: they need hours of CPU; their
-  claims read not_run): the quickstart's tiny Qwen3-style model on two-operand arithmetic, warm-started to
+- Language-model runs, only with --lm (about 1.8 hours of CPU here; the committed table has them; without
+  --lm their claims read not_run): the quickstart's tiny Qwen3-style model on two-operand arithmetic, warm-started to
   20% greedy held-out accuracy, GRPO (grpo preset, beta = 0, clip 0.2) on-policy with Adam at a constant
   learning rate after 10 warmup steps: G in {2, 4, 8, 16} at PROMPTS prompts per step (fixed prompts; G=2
   vs G=16 is 2-GRPO's 1/8 of the rollouts) and at ROLLOUTS rollouts per step (fixed rollouts), plus sweeps
@@ -431,8 +431,8 @@ def overshoots(run: study.Run) -> bool:
 
 # The claims come in pairs: the toy (always run) and the language model (only with --lm). A language-model
 # claim without its runs reads not_run; its rule is stated all the same.
-LM_NOT_RUN = ("not run in the committed table: the language-model runs (16 arms x 3 seeds of 300 steps) need "
-              "hours of CPU; run them with --lm")
+LM_NOT_RUN = ("not run: the language-model runs (16 arms x 3 seeds of 300 steps) need hours of CPU; run them "
+              "with --lm")
 
 
 def lm_claim(results: study.Results | None, needs: list[str], measure, *, claim: str, source: str, paper: str,
@@ -939,14 +939,14 @@ def main(argv=None) -> dict:
                         "harness's flags --quick, --results-dir, --seeds, --arms and --resume then apply to them)")
     parser.add_argument("--quick", action="store_true", help="with --lm the reduced study; the toy is the same")
     parser.add_argument("--results-dir", type=pathlib.Path, help="default: experiments/results/group_size_dynamics "
-                        "(its quick/ subfolder with --quick)")
+                        "(the committed table, with --lm), its toy/ subfolder for the toy alone, quick/ with --quick")
     args, rest = parser.parse_known_args(argv)
     if args.lm:
         return study.main(get_study, claims, rest + ["--quick"] * args.quick
                           + ["--results-dir", str(args.results_dir)] * (args.results_dir is not None))
     if rest:
         parser.error(f"{' '.join(rest)}: without --lm only --quick and --results-dir apply")
-    default = study.HERE / "results" / "group_size_dynamics" / ("quick" if args.quick else "")
+    default = study.HERE / "results" / "group_size_dynamics" / ("quick" if args.quick else "toy")  # not the --lm table
     return run_toy(args.results_dir or default, args.quick)
 
 
