@@ -23,8 +23,8 @@ A study is one script, experiments/NAME.py: its config as code and its analysis.
         study.main(get_study, claims)
 
 `main` parses `--quick` (get_study(True): at most 10 minutes on 2 CPU cores), `--results-dir DIR`,
-`--seeds`, `--arms`, `--resume` and the launch flags of several processes (grpo_jax/distributed.py), then `run` does
-the study:
+`--seeds`, `--arms`, `--resume` and the launch flags of several processes (grpo_jax/distributed.py),
+then `run` does the study:
 - per seed, a supervised warm start (experiments/warm_start.py; `Study.warm_start`: one for every
   arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
   tokenizer, template, prompt and completion lengths, held-out size): the arms of a seed that share
