@@ -55,3 +55,20 @@ def prompts(n: int, seed: int = 0) -> list[dict]:
         a, b = rng.randint(100, 999), rng.randint(100, 999)
         out.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
     return out
+
+
+def write_peer_result(name: str, steps: list[tuple[float, float]], **fields) -> dict:
+    """A peer's result from its (step s, generate s) per step: first step, medians of steps 2..N (train =
+    step - generate) and the load; written to bench/results/peer_NAME.json and printed without the steps."""
+    import json
+    import os
+    import statistics
+
+    later = steps[1:]
+    result = dict(**fields, steps=steps, first_step_s=steps[0][0], step_s=statistics.median(s for s, _ in later),
+                  generate_s=statistics.median(g for _, g in later),
+                  train_s=statistics.median(s - g for s, g in later), load=os.getloadavg())
+    out = pathlib.Path(__file__).parent / "results" / f"peer_{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
+    return result

@@ -10,10 +10,7 @@ Medians of steps 2..N; writes bench/results/peer_trl.json.
 """
 
 import argparse
-import json
-import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -69,14 +66,8 @@ def main():
     trainer = trl.GRPOTrainer(model=model, reward_funcs=exact, args=config, train_dataset=data,
                               processing_class=tok, callbacks=[StepTimer()])
     trainer.train()
-    steps = list(zip(step_s, generate_s))
-    med = lambda k: statistics.median(s[k] for s in steps[1:])  # noqa: E731
-    result = dict(framework=f"TRL {trl.__version__} (PyTorch {torch.__version__})", steps=steps,
-                  first_step_s=steps[0][0], step_s=med(0), generate_s=med(1),
-                  train_s=statistics.median(s - g for s, g in steps[1:]), load=os.getloadavg())
-    out = pathlib.Path(__file__).parent / "results" / "peer_trl.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
+    issue17.write_peer_result("trl", list(zip(step_s, generate_s)),
+                              framework=f"TRL {trl.__version__} (PyTorch {torch.__version__})")
 
 
 if __name__ == "__main__":

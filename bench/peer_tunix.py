@@ -18,9 +18,7 @@ step time between the ends of consecutive actor updates (train = step - generate
 import argparse
 import functools
 import json
-import os
 import pathlib
-import statistics
 import sys
 import time
 from importlib import metadata
@@ -113,15 +111,9 @@ def main():
     learner.train(batches)
     ends = [t0] + update_ends
     step_s = [b - a for a, b in zip(ends, ends[1:])]
-    steps = list(zip(step_s, generate_s))
-    med = lambda k: statistics.median(s[k] for s in steps[1:])  # noqa: E731
-    result = dict(framework=f"Tunix {metadata.version('google-tunix')} (JAX {jax.__version__})",
-                  loss="gspo-token (GRPOConfig.loss_algo), eps 3e-4 / 4e-4, beta 0", steps=steps,
-                  first_step_s=steps[0][0], step_s=med(0), generate_s=med(1),
-                  train_s=statistics.median(s - g for s, g in steps[1:]), load=os.getloadavg())
-    out = pathlib.Path(__file__).parent / "results" / "peer_tunix.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
+    issue17.write_peer_result("tunix", list(zip(step_s, generate_s)),
+                              framework=f"Tunix {metadata.version('google-tunix')} (JAX {jax.__version__})",
+                              loss="gspo-token (GRPOConfig.loss_algo), eps 3e-4 / 4e-4, beta 0")
 
 
 if __name__ == "__main__":
