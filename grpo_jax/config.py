@@ -131,6 +131,11 @@ class TrainConfig:
     # same log-probs and gradients (up to float rounding) for fewer FLOPs, most where prompts are long.
     # Dense models; a minibatch's micro-batches must hold whole groups.
     prefix_grouper: bool = False
+    # Packing (grpo_jax.packing): the training forwards lay the rows end to end, each prompt and counted
+    # completion once, in rows of max_prompt_len + max_new_tokens - 1 inputs, instead of padding every row
+    # to that width: completions that stop early cost their tokens, not the width. The same log-probs and
+    # gradients (up to float rounding). The host loop (trainer) only; dense models, without prefix_grouper.
+    packing: bool = False
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -236,7 +241,7 @@ def flatten(cfg) -> dict:
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
-    "train.compilation_cache_dir", "train.prefix_grouper", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
 )
 

@@ -4,9 +4,9 @@ Sampling, reward, advantages, l^old and all `num_iterations x minibatches` updat
 jitted program: no host round trip, no decode of text, no reward processes. It applies when the
 reward can be written in jnp on the completion tokens and per-prompt answer data, e.g. `TextMatch`
 (the arithmetic task's exact answer, compared as text); the host loop (`trainer.py`) is the general
-path. Data-side options that need the host (dynamic sampling) are not available here and are
-rejected. MoE routing replay works as in the trainer (R3 replays the routes the in-program sampler
-recorded).
+path. Data-side options that need the host (dynamic sampling, `train.packing`'s layout plan) are not
+available here and are rejected. MoE routing replay works as in the trainer (R3 replays the routes the
+in-program sampler recorded).
 """
 
 import dataclasses
@@ -158,6 +158,12 @@ def jit_rl_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, stat
         raise ValueError(
             "the fused rl_step supports neither algorithm.dynamic_sampling, beta > 0, overlong shaping nor "
             "LoRA (they need the host loop or frozen params): use grpo_jax.trainer"
+        )
+    if cfg.train.packing:
+        raise ValueError(
+            "train.packing=True: the packed layout is planned on the host from each rollout batch's lengths "
+            "(grpo_jax.packing), and the fused rl_step has no host between sampling and training; set "
+            "train.packing=False, or use grpo_jax.trainer"
         )
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     compiled = {}

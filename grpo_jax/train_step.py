@@ -7,7 +7,8 @@ the unsplit minibatch. Variants that decide over the whole minibatch (`algorithm
 Clip-Cov, KL-Cov, top-entropy selection, the losses over groups) get one no-grad pass over every
 micro-batch first, and their decisions split with the rows. Log-probs come from the final hidden states through
 `kernels.fused_logprobs`: no [batch, seq, vocab] logits exist in training. Under `train.prefix_grouper`
-each group's prompt is encoded once (`prefix_group`), and micro-batches split by whole groups.
+each group's prompt is encoded once (`prefix_group`), and micro-batches split by whole groups. Under
+`train.packing` the forwards run the rows packed end to end (`Batch.packing`, `grpo_jax.packing`).
 
 An update is not applied (params, optimizer state and step untouched) when its minibatch has no
 counted token (`TrainState.empty`, metric `empty_updates`) or when the loss, the gradient or the
@@ -28,6 +29,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PyTree
 import kernels
 from grpo_jax import algorithms, lora, models, routing, sharding
 from grpo_jax import metrics as metrics_lib
+from grpo_jax import packing as packing_lib
 from grpo_jax.config import Config, OptimConfig
 from grpo_jax.metrics import Metric
 from grpo_jax.typecheck import checked
@@ -55,6 +57,8 @@ class Batch:
     # the router's own picks by the routing metrics (grpo_jax.routing). Batch-major, like every field,
     # so minibatches, micro-batches and the `batch` sharding rule split it with its rows.
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None
+    # train.packing: the rows laid end to end for the training forwards (grpo_jax.packing); None: padded
+    packing: packing_lib.Packing | None = None
 
 
 @typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
@@ -111,6 +115,11 @@ def prefix_group(cfg: Config) -> int:
 def check(cfg: Config) -> None:
     """Errors of the update schedule a user can cause, raised before anything compiles."""
     alg, tr = cfg.algorithm, cfg.train
+    if tr.packing and (tr.prefix_grouper or any(cfg.model.moe_layers)):
+        why = ("train.prefix_grouper=True shares each group's prompt across rows, which packing lays apart"
+               if tr.prefix_grouper else "this MoE model's routing metrics and routing replay read the padded rows")
+        raise ValueError(f"train.packing=True: {why}; set train.packing=False"
+                         + (" or train.prefix_grouper=False" if tr.prefix_grouper else ""))
     if tr.prefix_grouper and any(cfg.model.moe_layers):
         raise ValueError(
             "train.prefix_grouper=True: this MoE model's routing metrics and routing replay read every "
@@ -163,12 +172,14 @@ def completion_logprobs(
     with_entropy: bool = False,
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
     group: int = 1,
+    packing: packing_lib.Packing | None = None,
 ) -> tuple[Float[Array, "batch new"], Float[Array, "batch new"] | None]:
     """log pi(y_t | x, y_<t) of the last `new` tokens under logits / temperature (and entropies),
     replaying `routes` (see `Batch.routes`) if given; rows in runs of `group` sharing their prompt
-    encode it once (`prefix_group`). Jitted on its own; inlined inside the step."""
+    encode it once (`prefix_group`); with `packing` (`Batch.packing`) the forward runs the rows packed.
+    Jitted on its own; inlined inside the step."""
     return _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy,
-                               routes, group)[:2]
+                               routes, group, packing)[:2]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), static_argnames=("group",))
@@ -182,23 +193,28 @@ def old_logprobs(
     mask: Float[Array, "batch new"],
     routes: Int[Array, "batch moe_layers seq_minus_1 k"] | None = None,
     group: int = 1,
+    packing: packing_lib.Packing | None = None,
 ) -> tuple[Float[Array, "batch new"], Int[Array, "batch moe_layers seq_minus_1 k"] | None]:
     """The one l^old pass of a rollout batch, and pi_old's routes for `Batch.routes` (MoE; else None).
 
     Given routes (routing_replay="sampler", R3: `Rollout.routes`) are replayed here too and returned;
     otherwise the routes are those this forward's router picks (what "old", R2, replays)."""
     logp, _, aux = _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, False,
-                                       routes, group)
+                                       routes, group, packing)
     if "routes" not in aux:
         return logp, None
     return logp, jnp.moveaxis(aux["routes"], 0, 1) if routes is None else routes
 
 
 def _completion_forward(model_cfg, temperature, params, tokens, positions, segment_ids, mask, with_entropy, routes,
-                        group=1):
+                        group=1, packing=None):
     """(log-probs, entropies or None, the decoder's aux) of the last `new` tokens."""
     batch, new = mask.shape
-    if group > 1:
+    if packing is not None:
+        if group > 1 or routes is not None:
+            raise ValueError("train.packing lays rows apart: it takes neither prefix grouping nor replayed routes")
+        hidden, aux = packing_lib.completion_hidden(model_cfg, params, packing, new), {}
+    elif group > 1:
         hidden, aux = _grouped_hidden(model_cfg, params, tokens, positions, segment_ids, new, group), {}
     else:
         replay = None if routes is None else jnp.moveaxis(routes, 1, 0)  # the decoder's [moe_layers, batch, ...]
@@ -256,11 +272,13 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     # Entropy is reported every step, not only when it is a loss term.
     logp, entropy, aux = _completion_forward(cfg.model, cfg.sampling.temperature,
                                              lora.policy_params(cfg.lora, params, ref_params), batch.tokens,
-                                             batch.positions, batch.segment_ids, batch.mask, True, replayed, group)
+                                             batch.positions, batch.segment_ids, batch.mask, True, replayed, group,
+                                             batch.packing)
     old_logp = jax.lax.stop_gradient(logp) if batch.old_logp is None else batch.old_logp
     ref_logp = None
     if alg.beta > 0:  # the frozen reference routes by its own router
-        ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False)
+        ref_logp, _ = logprobs(ref_params, batch.tokens, batch.positions, batch.segment_ids, batch.mask, False,
+                               packing=batch.packing)
         ref_logp = jax.lax.stop_gradient(ref_logp)
     loss, metrics = algorithms.policy_loss(
         alg,
@@ -307,7 +325,8 @@ def _step_stats(cfg: Config, params, batch: Batch, micro: Batch, step) -> algori
 
     def forward(mb):
         return completion_logprobs(cfg.model, cfg.sampling.temperature, params, mb.tokens, mb.positions,
-                                   mb.segment_ids, mb.mask, True, _replayed_routes(cfg, mb), group=unit)
+                                   mb.segment_ids, mb.mask, True, _replayed_routes(cfg, mb), group=unit,
+                                   packing=mb.packing)
 
     logp, entropy = (_unsplit(x, unit) for x in jax.lax.map(forward, micro))
     key = jax.random.fold_in(jax.random.key(cfg.train.seed), step)
@@ -397,9 +416,9 @@ def train_step(
 
 
 def batch_shardings(mesh: jax.sharding.Mesh) -> Batch:
-    """Every Batch leaf split over its leading (batch) axis by the `batch` sharding rule."""
+    """Every Batch leaf split over its leading (batch, or packed rows) axis by the `batch` sharding rule."""
     two, one = sharding.batch_sharding(mesh, 2), sharding.batch_sharding(mesh, 1)
-    return Batch(two, two, two, two, two, two, one, sharding.batch_sharding(mesh, 4))
+    return Batch(two, two, two, two, two, two, one, sharding.batch_sharding(mesh, 4), one)  # packing: all [rows, ...]
 
 
 def jit_train_step(cfg: Config, optimizer: optax.GradientTransformation, mesh, state_sharding, ref_sharding):

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, packing, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
@@ -139,12 +139,14 @@ def _rollout_rows(cfg, sampling_cfg, stop_ids, mesh, params, row_prompts: sampli
     return sampling.rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _pack(mesh, mask_truncated: bool, minibatches: int, drawn: tuple, source, advantages) -> list[ts.Batch]:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _pack(mesh, mask_truncated: bool, minibatches: int, packed_rows: int, drawn: tuple, source, advantages,
+          layout: tuple | None) -> list[ts.Batch]:
     """The rollout batch, assembled on device from the drawn rounds ((row prompts, rollout) each): row j
     is row `source[j]` of their rows concatenated, or a masked padding row where -1 (prompt length 1,
     zero tokens, experts 0..k-1). Rows move between devices (and hosts) here, not through the host.
-    Split into `minibatches` Batches sharded by rows, without l^old."""
+    Split into `minibatches` Batches sharded by rows, without l^old; under train.packing each with its
+    rows packed by `layout` (`packing.Plan.arrays`) into `packed_rows` rows."""
     def take(get, pad):
         x = jnp.concatenate([get(prompts, r) for prompts, r in drawn])
         keep = (source >= 0).reshape(-1, *(1,) * (x.ndim - 1))
@@ -161,9 +163,18 @@ def _pack(mesh, mask_truncated: bool, minibatches: int, drawn: tuple, source, ad
     tokens, positions, segment_ids = ts.sequences(prompt_tokens, prompt_lengths, completions)
     batch = ts.Batch(tokens, positions, segment_ids, mask, None, sampler_logp, advantages, routes)
     size = len(source) // minibatches
-    return [jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[j * size:(j + 1) * size],
-                                                                    sharding.batch_sharding(mesh, x.ndim)), batch)
-            for j in range(minibatches)]
+    out = []
+    for j in range(minibatches):
+        rows = slice(j * size, (j + 1) * size)
+        b = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[rows], sharding.batch_sharding(mesh, x.ndim)),
+                         batch)
+        if layout is not None:
+            packed = packing.pack(b.tokens, b.positions, b.segment_ids, completions.shape[1],
+                                  *(a[rows] for a in layout), packed_rows)
+            b = dataclasses.replace(b, packing=jax.tree.map(
+                lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), packed))
+        out.append(b)
+    return out
 
 
 class Trainer:
@@ -198,7 +209,7 @@ class Trainer:
                 f"the tokenizer has {self.task.tokenizer.vocab_size} ids but the model's vocab_size is "
                 f"{cfg.model.vocab_size}: Config.tokenizer does not belong to this model"
             )
-        shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
+        self.shards = shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
         evals = (("train.eval_prompts", tr.eval_prompts),) if self.task.held_out is not None else ()
         for name, n in (("a minibatch", self.rows // tr.minibatches), *evals):
             if n % shards:
@@ -206,6 +217,12 @@ class Trainer:
                     f"{name} of {n} rows does not split over the {shards} devices of the batch mesh axes "
                     f"{sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
                 )
+        if tr.packing and self.rows // tr.minibatches % (shards * tr.micro_batches):
+            raise ValueError(
+                f"train.packing=True packs each device's share of each micro-batch, but a minibatch of "
+                f"{self.rows // tr.minibatches} rows does not split over {shards} devices x train.micro_batches="
+                f"{tr.micro_batches}; change the batch sizes or micro_batches, or set train.packing=False"
+            )
         self.total_updates = tr.steps * alg.num_iterations * tr.minibatches
         self.schedule = ts.learning_rate(cfg.optim, self.total_updates)
         self.optimizer, self.state_sharding, ref_sharding, self.update = ts.compiled_train_step(
@@ -274,11 +291,12 @@ class Trainer:
         # every process's rows: groups, advantages and the metrics need them all
         scores, status = sharding.gather(sharding.global_batch((scores, status), self.mesh, n))
         metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
-        lengths, truncated = sharding.gather((rollout.lengths, rollout.truncated))
+        lengths, truncated, prompt_lengths = sharding.gather((rollout.lengths, rollout.truncated, row_prompts.lengths))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
-            rewards=scores, lengths=lengths, truncated=truncated, metrics=metrics, generate_s=generate_s,
+            rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, metrics=metrics,
+            generate_s=generate_s,
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
@@ -316,31 +334,42 @@ class Trainer:
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
-        source, advantages, mask_lengths = self._plan(drawn, kept, weights)
+        source, advantages, mask_lengths, prompt_lengths = self._plan(drawn, kept, weights)
         self.last_rollout = dict(drawn=drawn, kept=kept, advantages=advantages, train_tokens=float(mask_lengths.sum()))
-        batches = _pack(self.mesh, alg.mask_truncated, cfg.train.minibatches,
-                        tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages)
-        return batches, self._rollout_metrics(drawn, kept, rounds, sample_time)
+        metrics = self._rollout_metrics(drawn, kept, rounds, sample_time)
+        tr, layout, packed_rows = cfg.train, None, 0
+        if tr.packing:  # the forwards' layout: each device's share of each micro-batch packed apart
+            width = cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens - 1
+            layout = packing.plan(prompt_lengths, mask_lengths, width, self.shards, tr.micro_batches, tr.minibatches)
+            packed_rows = layout.packed_rows(self.shards, tr.micro_batches)
+            metrics["packing/rows_frac"] = packed_rows * tr.minibatches / self.rows  # of the padded forward's
+            metrics["packing/fill"] = layout.fill(width, self.shards, tr.micro_batches, tr.minibatches)
+        batches = _pack(self.mesh, alg.mask_truncated, tr.minibatches, packed_rows,
+                        tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages,
+                        None if layout is None else layout.arrays())
+        return batches, metrics
 
     def _plan(self, drawn: list[dict], kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """Where each row of the rollout batch comes from (its index among the drawn rounds' rows, -1
-        for the masked rows that pad a short batch), its advantage, and its counted tokens (the
-        completion length, 0 for a truncated one under `algorithm.mask_truncated`). Host numpy, the same
-        on every process."""
+        for the masked rows that pad a short batch), its advantage, its counted tokens (the completion
+        length, 0 for a truncated one under `algorithm.mask_truncated`) and its prompt length. Host numpy,
+        the same on every process."""
         alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
         source = np.full(self.rows, -1, np.int32)
         advantages = np.zeros(self.rows, np.float32)
         mask_lengths = np.zeros(self.rows, np.int32)
+        prompt_lengths = np.ones(self.rows, np.int32)
         for j, (r, i, _) in enumerate(kept):
             s, rows = drawn[r], slice(i * g, (i + 1) * g)
             source[j * g:(j + 1) * g] = r * len(s["lengths"]) + np.arange(i * g, (i + 1) * g)
             mask_lengths[j * g:(j + 1) * g] = np.where(alg.mask_truncated & s["truncated"][rows], 0, s["lengths"][rows])
+            prompt_lengths[j * g:(j + 1) * g] = s["prompt_lengths"][rows]
         n = len(kept) * g
         if n:
             advantages[:n] = np.asarray(algorithms.compute_advantages(
                 alg, np.concatenate([sc for _, _, sc in kept]), group_size=g, lengths=mask_lengths[:n],
                 reward_weights=weights))
-        return source, advantages, mask_lengths
+        return source, advantages, mask_lengths, prompt_lengths
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
         """Attaches l^old (and, for MoE policies, pi_old's routes) to each minibatch of a rollout batch,
@@ -354,7 +383,7 @@ class Trainer:
             with sharding.activation_rules(self.mesh):
                 old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.policy_params,
                                                    b.tokens, b.positions, b.segment_ids, b.mask, b.routes,
-                                                   group=ts.prefix_group(cfg))
+                                                   group=ts.prefix_group(cfg), packing=b.packing)
             out.append(dataclasses.replace(b, old_logp=old_logp, routes=routes))
         return out
 
