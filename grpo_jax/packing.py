@@ -52,24 +52,18 @@ class Plan:
     """Where each row of a rollout batch goes (host numpy, the same on every process): packed row `dest`
     (within its minibatch's packed rows, before the micro-batch split), `row` (after it: `Packing.row`),
     from column `offset`, its first `length` inputs (prompt + counted completion - 1; 0: not placed, as
-    it has no counted token). `rows`: packed rows per device share of a micro-batch."""
+    it has no counted token). `rows` packed rows per device share of a micro-batch, `packed_rows` per
+    minibatch."""
 
     dest: np.ndarray
     row: np.ndarray
     offset: np.ndarray
     length: np.ndarray
     rows: int
+    packed_rows: int
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         return self.dest, self.row, self.offset, self.length
-
-    def packed_rows(self, shards: int, micro_batches: int) -> int:
-        """Packed rows per minibatch."""
-        return self.rows * shards * micro_batches
-
-    def fill(self, width: int, shards: int, micro_batches: int, minibatches: int) -> float:
-        """The fraction of the packed layout's inputs that are real tokens."""
-        return float(self.length.sum()) / (self.packed_rows(shards, micro_batches) * minibatches * width)
 
 
 def first_fit_decreasing(sizes: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -117,13 +111,13 @@ def plan(prompt_lengths: np.ndarray, completion_lengths: np.ndarray, width: int,
             used = max(used, k)
     rows = next(b for b in buckets(share // micro_batches) if b >= used)
     dest = (device * micro_batches * rows + bins * micro_batches + micro).astype(np.int32)
-    return Plan(dest, (device * rows + bins).astype(np.int32), offset, length, rows)
+    return Plan(dest, (device * rows + bins).astype(np.int32), offset, length, rows, rows * shards * micro_batches)
 
 
 def pack(tokens: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], segment_ids: Int[Array, "batch seq"],
          new: int, dest, row, offset, length, packed_rows: int) -> Packing:
     """A minibatch's left-padded rows (`train_step.sequences`) in the packed layout of its `Plan`
-    arrays (dest, row, offset, length; `Plan.arrays`); `packed_rows` = `Plan.packed_rows`. The rows
+    arrays (dest, row, offset, length: `Plan.arrays`) into `Plan.packed_rows` rows. The rows
     keep their sharding: each moves within its device's share."""
     inputs = (tokens[:, :-1], positions[:, :-1], jnp.arange(1, tokens.shape[0] + 1, dtype=jnp.int32)[:, None])
     width = tokens.shape[1] - 1

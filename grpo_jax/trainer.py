@@ -341,9 +341,9 @@ class Trainer:
         if tr.packing:  # the forwards' layout: each device's share of each micro-batch packed apart
             width = cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens - 1
             layout = packing.plan(prompt_lengths, mask_lengths, width, self.shards, tr.micro_batches, tr.minibatches)
-            packed_rows = layout.packed_rows(self.shards, tr.micro_batches)
+            packed_rows = layout.packed_rows
             metrics["packing/rows_frac"] = packed_rows * tr.minibatches / self.rows  # of the padded forward's
-            metrics["packing/fill"] = layout.fill(width, self.shards, tr.micro_batches, tr.minibatches)
+            metrics["packing/fill"] = layout.length.sum() / (packed_rows * tr.minibatches * width)  # real tokens
         batches = _pack(self.mesh, alg.mask_truncated, tr.minibatches, packed_rows,
                         tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages,
                         None if layout is None else layout.arrays())

@@ -61,7 +61,8 @@ def test_every_row_is_placed_once_apart_in_its_device_and_micro_batch(seed):
     size, share = 32 // minibatches, 32 // minibatches // shards
     np.testing.assert_array_equal(p.length, np.where(completion_lengths > 0, prompt_lengths + completion_lengths - 1, 0))
     assert p.rows == min(b for b in packing.buckets(share // k) if b >= p.rows)
-    taken = np.zeros((minibatches, p.packed_rows(shards, k), width), int)
+    taken = np.zeros((minibatches, p.packed_rows, width), int)
+    assert p.packed_rows == p.rows * shards * k
     for i in np.flatnonzero(p.length):
         m, local = divmod(i, size)
         assert p.dest[i] % k == local % k  # the micro-batch slice of its row
@@ -103,8 +104,8 @@ def rows(params):
 
 def packed(batch, prompt_lengths, lengths, shards=1, micro_batches=1) -> ts.Batch:
     p = packing.plan(prompt_lengths, lengths, WIDTH, shards, micro_batches)
-    n = p.packed_rows(shards, micro_batches)
-    layout = packing.pack(batch.tokens, batch.positions, batch.segment_ids, NEW, *map(jnp.asarray, p.arrays()), n)
+    layout = packing.pack(batch.tokens, batch.positions, batch.segment_ids, NEW, *map(jnp.asarray, p.arrays()),
+                          p.packed_rows)
     return dataclasses.replace(batch, packing=layout)
 
 
