@@ -15,7 +15,7 @@ from grpo_jax import metrics as metrics_lib
 from grpo_jax import models, sharding
 from grpo_jax import train_step as ts
 from grpo_jax.config import MeshConfig
-from test_train_step import MODEL, NEW, PROMPT, config, reference_logprobs
+from test_train_step import MODEL, NEW, PROMPT, assert_same_update, config, reference_logprobs
 
 G = 4  # config()'s sampling.group_size
 PROMPT_LENGTHS = (PROMPT, 2)  # one full prompt, one left-padded
@@ -96,12 +96,7 @@ def test_grouped_update_equals_the_per_row_update(preset, micro_batches, mesh, f
         with sharding.activation_rules(sharding.make_mesh(mesh_cfg, devices)):
             state, m = jax.jit(functools.partial(ts.train_step, c, sgd))(ts.init_state(params, sgd), ref_params, grouped)
         outs.append((state, metrics_lib.finalize(m)))
-    (state_rows, m_rows), (state_grouped, m_grouped) = outs
-    assert m_rows.keys() == m_grouped.keys() and m_rows["grad_norm"] > 0
-    for name in m_rows:
-        np.testing.assert_allclose(m_grouped[name], m_rows[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    for p, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state_grouped.params), jax.tree.leaves(state_rows.params)):
-        np.testing.assert_allclose(p - a, p - b, rtol=1e-4, atol=1e-7)
+    assert_same_update(params, *outs)
 
 
 def test_micro_batches_split_by_whole_groups():

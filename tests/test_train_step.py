@@ -97,6 +97,17 @@ def reference_loss(cfg: Config, params, ref_params, batch: ts.Batch, step: int =
     return loss
 
 
+def assert_same_update(params, expected, got):
+    """Two (state, finalized metrics) of one update from `params` in two layouts agree: every metric, and
+    every parameter's change (under SGD at rate 1, the gradient)."""
+    (state_expected, m_expected), (state_got, m_got) = expected, got
+    assert m_expected.keys() == m_got.keys() and m_expected["grad_norm"] > 0
+    for name in m_expected:
+        np.testing.assert_allclose(m_got[name], m_expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for p, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state_got.params), jax.tree.leaves(state_expected.params)):
+        np.testing.assert_allclose(p - a, p - b, rtol=1e-4, atol=1e-7)
+
+
 def reference_adamw(params, grads, m, v, t, o: OptimConfig):
     """Global-norm clipping, then AdamW with bias correction, in float64 numpy."""
     g = [np.asarray(x, np.float64) for x in grads]
