@@ -8,7 +8,8 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
    `train.prompts_per_step` groups are kept or `algorithm.max_gen_batches` rounds are spent (a short
    batch is padded with masked rows, so shapes and compilations never change);
 2. score on the host (`rewards.score`), add DAPO overlong shaping, mask truncated completions,
-   compute advantages on the kept groups, and assemble the batch on device;
+   compute advantages on the kept groups, and assemble the batch on device (under `train.packing` also
+   its packed layout, planned on the host: `grpo_jax.packing`);
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
@@ -343,7 +344,7 @@ class Trainer:
             layout = packing.plan(prompt_lengths, mask_lengths, width, self.shards, tr.micro_batches, tr.minibatches)
             packed_rows = layout.packed_rows
             metrics["packing/rows_frac"] = packed_rows * tr.minibatches / self.rows  # of the padded forward's
-            metrics["packing/fill"] = layout.length.sum() / (packed_rows * tr.minibatches * width)  # real tokens
+            metrics["packing/fill"] = float(layout.length.sum()) / (packed_rows * tr.minibatches * width)  # real tokens
         batches = _pack(self.mesh, alg.mask_truncated, tr.minibatches, packed_rows,
                         tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages,
                         None if layout is None else layout.arrays())
