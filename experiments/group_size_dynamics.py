@@ -884,21 +884,26 @@ def lm_figures(results: study.Results, results_dir: pathlib.Path) -> None:
                         axis.plot(x, rc.LAWS[law][0](x - x[0], *f.params.values()), style, color=color[g], lw=2,
                                   label=f"G={g} {law} R^2 {f.r2:.2f}")
             axis.set(title=f"LM, {scan}: seed-mean training reward and fits", xlabel="updates")
-            axis.legend(fontsize=6)
+            if axis.get_legend_handles_labels()[0]:  # no fit on runs shorter than MIN_POINTS
+                axis.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(results_dir / "lm_fits.png", dpi=90)
         plt.close(fig)
         fig, ax = plt.subplots(1, 2, figsize=(11, 4))
         for axis, (label, fn) in zip(ax, (("training reward", fluctuation),
                                          ("held-out greedy accuracy", lambda r: fluctuation(r, "held-out")))):
+            axis.set(xscale="log", xlabel="G", title=f"LM: residual variance of the {label}")
             for scan, arms in members.items():
                 gs, v = across_g(results, arms, fn)
+                if not np.any(v > 0):  # runs too short to fit (NaN) or flat: nothing to draw on a log scale
+                    continue
                 line, = axis.plot(gs, np.nanmean(v, 0), "o-", label=scan)
                 for row in v:
                     axis.plot(gs, row, ".", color=line.get_color(), alpha=0.5)
-            axis.plot(gs, np.nanmean(v) * gs.mean() / gs, "k:", label="1/G")
-            axis.set(xscale="log", yscale="log", xlabel="G", title=f"LM: residual variance of the {label}")
-            axis.legend(fontsize=7)
+                axis.plot(gs, np.nanmean(v) * gs.mean() / gs, ":", color=line.get_color(), label=f"1/G ({scan})")
+                axis.set(yscale="log")
+            if axis.get_legend_handles_labels()[0]:
+                axis.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(results_dir / "lm_fluctuation.png", dpi=90)
         plt.close(fig)

@@ -1,8 +1,8 @@
 """experiments/group_size_dynamics.py and its parts: the softmax-bandit toy's exact expected GRPO gradient
 (against a sum over every group, each differentiated numerically, and against Monte Carlo), its linear
 theory (against its own exact dynamics), the reward-curve fits (recovering known parameters), the toy-only
-study's output contract, and the language-model analysis on synthetic runs whose truth is known (no
-training: an LM smoke would cost minutes of compilation)."""
+study's output contract, the language-model analysis on synthetic runs whose truth is known, and the
+--lm path through the study harness at a tiny size."""
 
 import dataclasses
 import itertools
@@ -193,3 +193,27 @@ def test_lm_claims_follow_their_rules_on_synthetic_runs(tmp_path, monkeypatch):
     for png in ("scan_fixed_prompts", "two_grpo_vs_tokens", "toy", "lm_fits", "lm_fluctuation"):
         assert (tmp_path / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
     assert "## The toy" in (tmp_path / "table.md").read_text()
+
+
+def test_lm_study_runs_through_the_harness_at_a_tiny_size(tmp_path, monkeypatch):
+    """--lm's path end to end: the --quick study's two end arms (G=2 and G=16, 4 prompts a step: 8 rows
+    split over the 8 test devices), one seed of 2 steps after a 2-step warm start, through study.run with the script's own claims, table and figures.
+    Each arm keeps its group size; every language-model claim whose arms ran is scored (not not_run)."""
+    monkeypatch.setattr(gsd, "TOY_SIZE", TINY_TOY)
+    s = gsd.get_study(quick=True).only(gsd.ENDS)
+    shrink = ["train.steps=2", "train.prompts_per_step=4", "train.eval_prompts=8", "train.eval_every=1"]
+    s = dataclasses.replace(s, seeds=(0,), arms={a: override(c, shrink) for a, c in s.arms.items()},
+                            warm_start=dataclasses.replace(s.warm_start, max_steps=2, eval_every=1, batch_size=8))
+    summary = study.run(s, gsd.claims, tmp_path / "results", tmp_path / "runs")
+    for g, arm in zip((2, 16), gsd.ENDS):
+        rows = summary["runs"][arm]["0"]["curves"]["tokens"]
+        assert 0 < rows[-1][1] <= 2 * 4 * g * s.arms[arm].sampling.max_new_tokens  # 2 steps of 4 prompts x G
+        assert s.arms[arm].sampling.group_size == g
+    lm = [c for c in summary["claims"] if "(language model)" in c["claim"] or c["claim"].startswith("2-GRPO")]
+    assert lm and all(c["verdict"] in study.VERDICTS for c in summary["claims"])
+    needs_only_the_ends = [c for c in lm if "not run: the arms" not in c["measured"]]
+    assert needs_only_the_ends and all(c["verdict"] != "not_run" for c in needs_only_the_ends)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "## The toy" in table and all(f"| {a} " in table for a in gsd.ENDS)
+    for png in ("toy", "lm_fits", "lm_fluctuation"):
+        assert (tmp_path / "results" / f"{png}.png").read_bytes()[:4] == b"\x89PNG"
