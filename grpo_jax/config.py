@@ -121,11 +121,12 @@ class TrainConfig:
     # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
     # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
     max_skipped_steps: int = 3
-    # A directory for JAX's persistent compilation cache (grpo_jax.run): a rerun or resume of the same
-    # shapes loads its programs instead of compiling them. Off ("") by default, so that a run writes
-    # nothing outside its out_dir unless asked; the accelerator config (experiments/configs/gsm8k.py),
-    # whose programs take minutes to compile, turns it on.
-    compilation_cache_dir: str = ""
+    # JAX's persistent compilation cache (grpo_jax.run.use_compilation_cache; "~" expanded): a rerun or
+    # resume of the same shapes loads its compiled programs instead of compiling them (bench/README.md:
+    # first step). One directory for all of a user's runs, so any run of known shapes starts warm; ""
+    # turns it off. A directory already given to JAX (the JAX_COMPILATION_CACHE_DIR environment variable,
+    # or jax.config) is used instead, whatever this field says: it is the process-wide choice.
+    compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
     # Prefix Grouper (arXiv 2506.05433): the training forwards encode each group's shared prompt once
     # and attend the G completions to its keys and values, instead of encoding it in every row. The
     # same log-probs and gradients (up to float rounding) for fewer FLOPs, most where prompts are long.

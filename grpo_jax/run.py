@@ -92,22 +92,32 @@ def _evals(row: dict | None) -> dict | None:
     return {k: v for k, v in (row or {}).items() if k.startswith("eval/")} or None
 
 
-def use_compilation_cache(path: str) -> None:
-    """Turns on JAX's persistent compilation cache in `path` (every program, however quick to compile:
-    the small host-side ones add up on the first step), or leaves it off for "". JAX opens the cache
-    at the first compilation and keeps that directory for the rest of the process, so in one process
-    the first run's directory is the one used."""
+def use_compilation_cache(path: str) -> str:
+    """Turns on JAX's persistent compilation cache in `path` ("~" expanded) for every program, however
+    quick to compile (the small host-side ones add up on the first step); "" leaves it off. Returns the
+    directory in use ("": none).
+
+    A directory already given to JAX (JAX_COMPILATION_CACHE_DIR, jax.config, or an earlier run in this
+    process) wins: JAX opens the cache at the first compilation and keeps that directory for the whole
+    process, and the environment variable is how a user (or the test suite) chooses it for every
+    process at once, so `path` is then not used (process 0 prints a line saying so)."""
+    given = jax.config.jax_compilation_cache_dir
+    if given:
+        if path and pathlib.Path(path).expanduser() != pathlib.Path(given) and jax.process_index() == 0:
+            print(f"compilation cache: {given} (given to JAX), not train.compilation_cache_dir={path}")
+        return given
     if path:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return jax.config.jax_compilation_cache_dir or ""
 
 
 def train(cfg: Config, params=None, **data) -> dict:
     """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
     set), the wall time, the checkpointed step it resumed from (None: a fresh run) and the final params. `data`: examples, held_out and rewards passed in code
-    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir` if it is set
-    (use_compilation_cache)."""
+    (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir` (on by default;
+    use_compilation_cache)."""
     start = time.perf_counter()
     use_compilation_cache(cfg.train.compilation_cache_dir)
     t = trainer.Trainer(cfg, params, **data)

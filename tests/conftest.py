@@ -3,6 +3,8 @@
 
 import gc
 import os
+import shutil
+import tempfile
 
 # Must happen before jax is imported anywhere in the test session (and reaches the processes tests
 # launch). Tests run tiny shapes, so compiling dominates them, and these codegen settings change no
@@ -14,6 +16,15 @@ os.environ["XLA_FLAGS"] = (
     " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session, in a temporary directory: runs never write into the
+# user's ~/.cache (a directory given to JAX wins over train.compilation_cache_dir: grpo_jax.run), and
+# programs that several tests compile alike load instead. Made by the controller; the xdist workers and
+# the processes tests launch inherit it. Every program is cached: measured on tests/test_trainer.py
+# (-n 2), 294 s without a cache, 237 s with this one starting empty (bench/README.md: first step).
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax  # noqa: E402
 import jaxtyping  # noqa: E402
@@ -45,6 +56,11 @@ def compiled_programs_dropped_after_each_module():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the controller, after its workers: the session's cache
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_configure(config):

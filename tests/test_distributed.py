@@ -29,13 +29,13 @@ QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
 # update's ratio leaves 1), up to 8 new tokens with a length reward beside exact match (so rewards vary
 # within groups of an untrained model), 8 held-out prompts with 4 samples each (the same sampler
 # program as training), completions logged and a checkpoint saved every step, the policy exported to
-# safetensors at the end; no compilation cache in this process (`launch` gives the launched ones one).
+# safetensors at the end. Compiled programs go to the suite's cache (tests/conftest.py), which the launched
+# processes share: a relaunch loads them.
 SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
         "model.num_kv_heads=1", "train.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=8",
         "train.minibatches=2", "train.eval_prompts=8", "train.eval_samples=4", "train.steps=4",
         "train.checkpoint_every=1", "reward.names=exact,length", "reward.weights=1,1", "reward.num_workers=0",
-        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true",
-        "train.compilation_cache_dir="]
+        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true"]
 TIMING = ("time/", "throughput/", "reward/time_s")
 
 
@@ -61,9 +61,8 @@ def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subp
 
 
 def launch(out: pathlib.Path, processes: int) -> list[subprocess.Popen]:
-    """The run in `processes` processes; their compiled programs cached beside `out` for a relaunch."""
-    cache = ["--set", f"train.compilation_cache_dir={out.parent / 'xla'}"]
-    return cluster(["-m", "grpo_jax.train", *argv(out), *cache], processes, out)
+    """The run in `processes` processes."""
+    return cluster(["-m", "grpo_jax.train", *argv(out)], processes, out)
 
 
 def finish(procs: list[subprocess.Popen], out: pathlib.Path, timeout: float = 300) -> None:

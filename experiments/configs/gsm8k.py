@@ -32,6 +32,6 @@ def get_config() -> Config:
         train=TrainConfig(
             steps=500, prompts_per_step=64, minibatches=4, micro_batches=4, eval_every=50,
             eval_prompts=256, out_dir="runs/gsm8k_gspo", checkpoint_every=50, keep_checkpoints=2,
-            export_hf=True, compilation_cache_dir="~/.cache/grpo_jax/xla",
+            export_hf=True,
         ),
     )
