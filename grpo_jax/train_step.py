@@ -444,9 +444,9 @@ def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh
     """
     check(cfg)
     optimizer = make_optimizer(cfg.optim, total_updates)
-    params = jax.eval_shape(lambda key: models.init(cfg.model, key), jax.random.key(0))
+    params = jax.eval_shape(lambda: models.init(cfg.model, jax.random.key(0)))  # no key made: no program run
     if cfg.lora.rank:
-        trainable = jax.eval_shape(lambda key: lora.init(cfg.model, cfg.lora, key), jax.random.key(0))
+        trainable = jax.eval_shape(lambda: lora.init(cfg.model, cfg.lora, jax.random.key(0)))
         state = jax.eval_shape(lambda p: init_state(p, optimizer), trainable)
         state_sharding = sharding.tree_shardings(state, lora.specs(cfg.model, cfg.lora), mesh)
     else:

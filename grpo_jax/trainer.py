@@ -178,6 +178,15 @@ def _pack(mesh, mask_truncated: bool, minibatches: int, packed_rows: int, drawn:
     return out
 
 
+@jax.jit
+def _read_updates(updates: list[dict], learning_rates: list) -> tuple[dict, list[dict]]:
+    """The plain values of an RL step's train metrics (its updates merged by their weights: counters add,
+    means weigh by what they average over) and of each update's, with the learning rate each used; one
+    program (op by op on the host, `Metric`'s jnp calls compiled a small program each)."""
+    updates = [{**m, "learning_rate": metrics_lib.Metric.mean(lr)} for m, lr in zip(updates, learning_rates)]
+    return metrics_lib.finalize(metrics_lib.combine_all(updates)), [metrics_lib.finalize(m) for m in updates]
+
+
 class Trainer:
     """Holds the mesh, the compiled pieces and the train state of one run. `examples`, `held_out` and
     `rewards` pass the data and reward functions in code (see `build_task`)."""
@@ -234,7 +243,8 @@ class Trainer:
             self.ref_params = jax.device_put(params, ref_sharding)
         else:
             trainable = params
-        self.state = jax.device_put(ts.init_state(trainable, self.optimizer), self.state_sharding)
+        init_state = jax.jit(ts.init_state, static_argnums=1, out_shardings=self.state_sharding)  # one program
+        self.state = init_state(trainable, self.optimizer)
         if not cfg.lora.rank:  # beta = 0: no reference params exist at all. A copy, as the train state is donated.
             self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
         self.rng = jax.random.key(cfg.train.seed)
@@ -451,17 +461,16 @@ class Trainer:
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         t1 = time.perf_counter()
         batches = self.minibatches(batches)  # l^old: once, fixed for all mu passes
-        updates = []
+        updates, learning_rates = [], []
         for _ in range(self.cfg.algorithm.num_iterations):
             for mb in batches:
-                lr = float(self.schedule(int(self.state.step)))
+                learning_rates.append(float(self.schedule(int(self.state.step))))
                 self.state, m = self.update(self.state, self.ref_params, mb)
-                updates.append({**m, "learning_rate": metrics_lib.Metric.mean(lr)})
-        updates = jax.device_get(updates)  # replicated scalars: on every process
+                updates.append(m)
+        step_metrics, updates = jax.device_get(_read_updates(updates, learning_rates))  # replicated: every process
         t2 = time.perf_counter()
-        # Updates merge by their weights: counters add, means weigh by what they average over.
-        metrics.update({k: float(v) for k, v in metrics_lib.finalize(metrics_lib.combine_all(updates)).items()})
-        updates = [{k: float(v) for k, v in metrics_lib.finalize(u).items()} for u in updates]
+        metrics.update({k: float(v) for k, v in step_metrics.items()})
+        updates = [{k: float(v) for k, v in u.items()} for u in updates]
         train_tokens = self.last_rollout["train_tokens"] * self.cfg.algorithm.num_iterations
         metrics.update({
             "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
