@@ -1,0 +1,121 @@
+"""The first RL step of a fresh process (compiling) on the issue-17 workload, cold and warm.
+
+    python bench/first_step.py [--workload issue17|quickstart]
+
+Three fresh processes, one after the other, each building `trainer.Trainer` and running two steps of
+the host loop: without the persistent compilation cache (`train.compilation_cache_dir=""`), with an
+empty cache directory (cold: a new user's first run, every program compiled and written), and again
+with that directory (warm: a rerun, a resume, or any run of the same shapes). compile s = first step
+- second step. Programs are counted from JAX's compile log (`jax_log_compiles`) up to the end of the
+first step: each program XLA compiled or loaded from the cache (hits), and the seconds that took.
+Writes bench/results/first_step_<workload>.json.
+"""
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+
+class CompileLog(logging.Handler):
+    """Counts the programs XLA compiled or loaded from the persistent cache (hits), and their seconds."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.programs, self.seconds, self.hits = 0, 0.0, 0
+
+    def emit(self, record):
+        message = record.getMessage()
+        if m := re.match(r"Finished XLA compilation of .* in ([\d.e-]+) sec", message):
+            self.programs += 1
+            self.seconds += float(m.group(1))
+        elif message.startswith("Persistent compilation cache hit"):
+            self.hits += 1
+
+
+def child(workload: str, cache_dir: str) -> dict:
+    """One fresh process: Trainer() and two steps, timed."""
+    start = time.perf_counter()
+    import jax
+
+    log = CompileLog()
+    jax.config.update("jax_log_compiles", True)
+    for name in ("jax._src.dispatch", "jax._src.compiler", "jax._src.compilation_cache"):
+        logger = logging.getLogger(name)
+        logger.addHandler(log)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+    sys.path.insert(0, str(ROOT / "bench"))
+    from rl_step import get_config
+
+    from grpo_jax import run, trainer
+
+    cfg = get_config(workload)
+    used = run.use_compilation_cache(cache_dir)
+    t0 = time.perf_counter()
+    t = trainer.Trainer(cfg)
+    t1 = time.perf_counter()
+    t.train_step()
+    t2 = time.perf_counter()
+    programs = {"programs": log.programs, "xla_s": log.seconds, "cache_hits": log.hits}
+    t.train_step()
+    t3 = time.perf_counter()
+    return {"cache_dir": used, "import_s": t0 - start, "init_s": t1 - t0, "first_step_s": t2 - t1,
+            "second_step_s": t3 - t2, "compile_s": (t2 - t1) - (t3 - t2), "to_first_step_end_s": t2 - start,
+            "programs_to_first_step_end": programs}
+
+
+def load() -> str:
+    return pathlib.Path("/proc/loadavg").read_text().split()[0]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=("issue17", "quickstart"), default="issue17")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the cache directory of one measured process
+    args = parser.parse_args()
+    if args.child is not None:
+        print("RESULT " + json.dumps(child(args.workload, args.child)))
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE") and k != "JAX_COMPILATION_CACHE_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="first_step_xla_") as cache:
+        for name, cache_dir in (("no cache", ""), ("cache cold (empty)", cache), ("cache warm (rerun)", cache)):
+            before = load()
+            out = subprocess.run([sys.executable, __file__, "--workload", args.workload, "--child", cache_dir],
+                                 env=env, capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"{name}: the measured process failed\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+            rows.append({"run": name, **result, "load_before": before, "load_after": load()})
+            print(f"{name}: first step {result['first_step_s']:.1f} s (load {before} -> {rows[-1]['load_after']})",
+                  flush=True)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python bench/first_step.py --workload {args.workload}",
+        "workload": args.workload, "rows": rows,
+    }
+    path = ROOT / "bench" / "results" / f"first_step_{args.workload}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{'run':20s}{'init s':>8s}{'first s':>9s}{'second s':>10s}{'compile s':>11s}{'programs':>10s}"
+          f"{'XLA s':>7s}{'hits':>6s}{'load':>12s}")
+    for r in rows:
+        p = r["programs_to_first_step_end"]
+        print(f"{r['run']:20s}{r['init_s']:>8.1f}{r['first_step_s']:>9.1f}{r['second_step_s']:>10.1f}{r['compile_s']:>11.1f}"
+              f"{p['programs']:>10d}{p['xla_s']:>7.1f}{p['cache_hits']:>6d}"
+              f"{r['load_before'] + '-' + r['load_after']:>12s}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
