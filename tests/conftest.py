@@ -19,8 +19,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session, in a temporary directory: runs never write into the
 # user's ~/.cache (a directory given to JAX wins over train.compilation_cache_dir: grpo_jax.run), and
 # programs that several tests compile alike load instead. Made by the controller; the xdist workers and
-# the processes tests launch inherit it. Every program is cached: measured on tests/test_trainer.py
-# (-n 2), 294 s without a cache, 237 s with this one starting empty (bench/README.md: first step).
+# the processes tests launch inherit it. Every program is cached: tests/test_trainer.py (-n 2) took 135 s
+# without a cache and 112 s with this one starting empty, back to back on quiet cores (294 s and 237 s
+# under load 3-5; caching only programs of >= 1 s, JAX's default, 289 s).
 if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="grpo_jax_tests_xla_")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
