@@ -28,10 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import roofline  # noqa: E402
-from prefix_grouper import MODEL, temp_bytes  # noqa: E402
-from sweep import median_times  # noqa: E402
+from prefix_grouper import MODEL, compare_updates  # noqa: E402
 
-from grpo_jax import algorithms, metrics, models, packing, sharding  # noqa: E402
+from grpo_jax import algorithms, models, packing, sharding  # noqa: E402
 from grpo_jax import train_step as ts  # noqa: E402
 from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
 
@@ -68,24 +67,10 @@ def measure(new: int, dist: str, prompts: int, reps: int) -> dict:
     packed_rows = plan.packed_rows
     layout = jax.jit(packing.pack, static_argnums=(3, 8))(tokens, positions, segments, new,
                                                          *map(jnp.asarray, plan.arrays()), packed_rows)
-    runs, memory, losses = {}, {}, {}
-    for name, on in (("padded", False), ("packed", True)):
-        cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, packing=on))
-        b = dataclasses.replace(batch, packing=layout if on else None)
-        optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, mesh)
-        state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
-        memory[name] = temp_bytes(update, state[0], b)
-        state[0], m = update(state[0], None, b)  # the first update: the same in both layouts
-        losses[name] = float(metrics.finalize(m)["loss"])
-
-        def run(update=update, state=state, b=b):
-            state[0], m = update(state[0], None, b)
-            jax.block_until_ready(m)
-
-        runs[name] = run
-    if not np.isclose(losses["padded"], losses["packed"], rtol=1e-4, atol=1e-6):
-        raise AssertionError(f"the layouts disagree: {losses}")
-    t = median_times(runs, reps)
+    layouts = {name: (dataclasses.replace(base, train=dataclasses.replace(base.train, packing=on)),
+                      dataclasses.replace(batch, packing=layout if on else None))
+               for name, on in (("padded", False), ("packed", True))}
+    t, memory = compare_updates(layouts, params, reps)
     return dict(new=new, dist=dist, rows=rows, length_mean=float(lengths.mean()), load=roofline.load(),
                 padded_s=t["padded"], packed_s=t["packed"], speedup=t["padded"] / t["packed"],
                 packed_rows=packed_rows, ffd_rows=needed * shards, rows_frac=packed_rows / rows,

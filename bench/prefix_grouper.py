@@ -50,25 +50,15 @@ def measure(prompt_len: int, reps: int, peak: float) -> dict:
                                                jnp.asarray(rng.integers(3, MODEL.vocab_size, (rows, NEW)), jnp.int32))
     mask = jnp.ones((rows, NEW), jnp.float32)
     batch = ts.Batch(tokens, positions, segments, mask, None, mask * 0, jnp.asarray(rng.normal(size=rows), jnp.float32))
-    runs, memory, remat_memory, losses = {}, {}, {}, {}
-    for name, grouper in (("per row", False), ("grouped", True)):
-        cfg = dataclasses.replace(base, train=dataclasses.replace(base.train, prefix_grouper=grouper))
-        optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, sharding.make_mesh(cfg.mesh))
-        state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
-        memory[name] = temp_bytes(update, state[0], batch)
+    layouts = {name: (dataclasses.replace(base, train=dataclasses.replace(base.train, prefix_grouper=grouper)), batch)
+               for name, grouper in (("per row", False), ("grouped", True))}
+    t, memory = compare_updates(layouts, params, reps)
+    remat_memory = {}
+    for name, (cfg, _) in layouts.items():  # the same update with model.remat=full, compiled only
         remat = dataclasses.replace(cfg, model=dataclasses.replace(MODEL, remat="full"))
-        remat_memory[name] = temp_bytes(jax.jit(functools.partial(ts.train_step, remat, optimizer)), state[0], batch)
-        state[0], m = update(state[0], None, batch)  # the first update: the same in both layouts
-        losses[name] = float(metrics.finalize(m)["loss"])
-
-        def run(update=update, state=state):
-            state[0], m = update(state[0], None, batch)
-            jax.block_until_ready(m)
-
-        runs[name] = run
-    if not np.isclose(losses["per row"], losses["grouped"], rtol=1e-4, atol=1e-6):
-        raise AssertionError(f"the layouts disagree: {losses}")
-    t = median_times(runs, reps)
+        optimizer = ts.make_optimizer(cfg.optim, 100)
+        state = jax.eval_shape(lambda p: ts.init_state(p, optimizer), params)
+        remat_memory[name] = temp_bytes(jax.jit(functools.partial(ts.train_step, remat, optimizer)), state, batch)
     flops = {"per row": roofline.train_flops(MODEL, rows, prompt_len + NEW - 1, NEW),
              "grouped": roofline.grouped_train_flops(MODEL, PROMPTS, GROUP, prompt_len, NEW)}
     return dict(prompt_len=prompt_len, load=roofline.load(), speedup=t["per row"] / t["grouped"],
@@ -80,6 +70,29 @@ def measure(prompt_len: int, reps: int, peak: float) -> dict:
 def temp_bytes(update, state, batch) -> int:
     """The compiled update's temporary memory (compiled, not run)."""
     return update.lower(state, None, batch).compile().memory_analysis().temp_size_in_bytes
+
+
+def compare_updates(layouts: dict, params, reps: int) -> tuple[dict, dict]:
+    """For layouts {name: (config, batch)} of one update (the same math in another layout): the median
+    seconds of `reps` interleaved updates after a first one, whose losses must agree, and each compiled
+    update's temporary bytes."""
+    runs, memory, losses = {}, {}, {}
+    for name, (cfg, batch) in layouts.items():
+        optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, sharding.make_mesh(cfg.mesh))
+        state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
+        memory[name] = temp_bytes(update, state[0], batch)
+        state[0], m = update(state[0], None, batch)
+        losses[name] = float(metrics.finalize(m)["loss"])
+
+        def run(update=update, state=state, batch=batch):
+            state[0], m = update(state[0], None, batch)
+            jax.block_until_ready(m)
+
+        runs[name] = run
+    first, *others = losses.values()
+    if not all(np.isclose(x, first, rtol=1e-4, atol=1e-6) for x in others):
+        raise AssertionError(f"the layouts disagree: {losses}")
+    return median_times(runs, reps), memory
 
 
 def main():
