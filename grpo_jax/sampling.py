@@ -1,7 +1,8 @@
-"""Rollouts: jitted prefill + decode over a static KV cache; the G samples of a prompt share its prefill.
+"""Rollouts: jitted prefill + decode over a KV cache; the G samples of a prompt share its prefill.
 
 `generate` prefills each distinct prompt once, repeats its cache G times along the batch and decodes the
-P*G rows in one `jax.lax.while_loop` that exits as soon as every row has emitted a stop token. Every
+P*G rows in `jax.lax.while_loop`s that exit as soon as every row has emitted a stop token: one loop per
+segment of the new tokens, each over a cache grown to the slots that segment can reach. Every
 row draws from its own key, derived from (rng, prompt index, sample index, step), so a seed gives the
 same samples whatever the batch composition or the sharding.
 """
@@ -144,6 +145,17 @@ def _first_reaching(cum, weights, target):
     return jnp.argmax((cum >= jnp.minimum(target, last)[:, None]) & (weights > 0), axis=-1)
 
 
+def segment_ends(sampling_cfg: SamplingConfig) -> tuple[int, ...]:
+    """Where the decode loop's segments end, in new tokens: `cache_segments` equal parts of
+    `max_new_tokens`, fewer where a part would be shorter than `MIN_SEGMENT` tokens."""
+    steps = sampling_cfg.max_new_tokens
+    n = max(1, min(sampling_cfg.cache_segments, steps // MIN_SEGMENT))
+    return tuple(-(-steps * (i + 1) // n) for i in range(n))
+
+
+MIN_SEGMENT = 32  # shorter segments save less attention than their compile and cache copies cost
+
+
 def decode(
     step,
     carry,
@@ -151,12 +163,16 @@ def decode(
     keys: Key[Array, "batch"],
     stop_ids: tuple[int, ...],
     sampling_cfg: SamplingConfig,
+    grow=lambda carry, end: carry,
 ) -> tuple[Rollout, object]:
     """Samples up to `max_new_tokens` per row; `step(carry, tokens, t) -> (logits, carry)` feeds token t.
 
     `logits` are those for the first new token (from the prefill). The loop stops as soon as every row
     has emitted one of `stop_ids`; finished rows keep running in lock-step (static shapes) but their
-    outputs are masked. Returns the rollout and the final carry.
+    outputs are masked. It runs in segments (`segment_ends`); `grow(carry, end)` prepares the carry
+    for a segment that feeds tokens up to `end - 2` (the sampler grows its KV cache, so that a step
+    attends to the slots its segment can have written, not to the final length). Returns the
+    rollout and the final carry.
     """
     batch, steps = keys.shape[0], sampling_cfg.max_new_tokens
     stop = jnp.asarray(stop_ids, jnp.int32)
@@ -180,11 +196,14 @@ def decode(
         out, token = emit(out, logits, t)
         return t + 1, out, token, carry
 
-    def cond(loop):
-        t, (_, _, _, done), _, _ = loop
-        return (t < steps) & ~jnp.all(done)
+    loop = (jnp.int32(1), out, token, carry)
+    for end in segment_ends(sampling_cfg):
+        def cond(loop, end=end):
+            t, (_, _, _, done), _, _ = loop
+            return (t < end) & ~jnp.all(done)
 
-    _, (tokens, logprobs, lengths, done), _, carry = jax.lax.while_loop(cond, body, (1, out, token, carry))
+        loop = jax.lax.while_loop(cond, body, (*loop[:3], grow(loop[3], end)))
+    _, (tokens, logprobs, lengths, done), _, carry = loop
     mask = jnp.arange(steps) < lengths[:, None]
     return Rollout(tokens, mask, logprobs, lengths, ~done), carry
 
@@ -253,7 +272,7 @@ def prefill(
     cache = models.init_cache(cfg, prompts.tokens.shape[0], cache_len)
     hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
     logits = _logits(cfg, params, hidden[:, -1])
-    return jnp.repeat(logits, group_size, axis=0), models.repeat_cache(cache, group_size)
+    return jnp.repeat(logits, group_size, axis=0), models.repeat_cache(cfg, cache, group_size)
 
 
 def decode_step(
@@ -280,13 +299,12 @@ def rollout(
     On a mesh, the model's activations are pinned by the sharding rules."""
     with sharding.activation_rules(mesh):
         width, group = prompts.tokens.shape[1], sampling_cfg.group_size
-        cache_len = width + sampling_cfg.max_new_tokens - 1
-        logits, cache = prefill(cfg, params, prompts, group, cache_len)
+        logits, cache = prefill(cfg, params, prompts, group, width)
         lengths = jnp.repeat(prompts.lengths, group)
         shard = rows = lambda x: x  # noqa: E731
         if mesh is not None:  # fix the layouts of the cache and the rows through the loop
-            shardings = sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache_len)
-            shard = functools.partial(jax.lax.with_sharding_constraint, shardings=shardings)
+            shard = lambda cache: jax.lax.with_sharding_constraint(  # noqa: E731
+                cache, sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache["segment_ids"].shape[1]))
             rows = lambda tree: jax.tree.map(  # noqa: E731
                 lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
 
@@ -295,7 +313,10 @@ def rollout(
             return rows(logits), shard(cache)
 
         keys = row_keys(rng, prompts.tokens.shape[0], group)
-        out, cache = decode(step, shard(cache), rows(logits), keys, stop_ids, sampling_cfg)
+        def grow(cache, end):  # a segment feeding tokens up to end - 2 writes slots up to width + end - 2
+            return shard(models.grow_cache(cfg, cache, width + end - 1))
+
+        out, cache = decode(step, cache, rows(logits), keys, stop_ids, sampling_cfg, grow)
         if "routes" in cache:  # slot s holds token s of [prompt, completion]: the Batch layout
             out = dataclasses.replace(out, routes=jnp.moveaxis(cache["routes"], 1, 0))
         return rows(out)

@@ -164,14 +164,17 @@ def test_cache_prefill_and_decode_equal_forward(hf_dirs, kind):
         np.testing.assert_allclose(got[:, valid], np.asarray(full_aux["router_logits"])[:, valid], atol=1e-5)
 
 
-def test_cache_repeats_along_batch_for_groups(hf_dirs):
-    """One prefill repeated G times decodes like G separate prefills."""
+def test_cache_repeats_along_batch_for_groups_and_grows(hf_dirs):
+    """One prefill into a cache of the prompt's 4 slots, repeated G times and grown to 6 slots,
+    decodes like G separate prefills; the grown slots are empty."""
     _, path = hf_dirs[("llama3", False)]
     cfg, params = models.load_hf(path)
     tokens, seg, pos = left_padded([4, 2], 4)
-    _, cache, _ = jit_extend(cfg, params, tokens, pos, seg, models.init_cache(cfg, 2, 6), 0)
+    _, cache, _ = jit_extend(cfg, params, tokens, pos, seg, models.init_cache(cfg, 2, 4), 0)
     g = 3
-    repeated = models.repeat_cache(cache, g)
+    repeated = models.grow_cache(cfg, models.repeat_cache(cfg, cache, g), 6)
+    assert repeated["k"][0].shape == (2 * g, cfg.num_kv_heads, cfg.head_dim, 6)
+    assert not np.asarray(repeated["segment_ids"][:, 4:]).any() and not np.asarray(repeated["v"][-1][:, :, 4:]).any()
     nxt = np.arange(2 * g).reshape(2 * g, 1) + 5
     next_pos = np.repeat(pos[:, -1:] + 1, g, axis=0)
     h, _, _ = jit_extend(cfg, params, nxt, next_pos, np.ones_like(nxt), repeated, jnp.int32(4))

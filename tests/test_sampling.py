@@ -120,6 +120,37 @@ def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
     assert len(calls) == 7
 
 
+def test_decode_in_segments_grows_the_carry_before_each_and_still_exits_early():
+    """64 new tokens in 2 segments of 32: `grow` sees the carry before each segment with its end; the
+    tokens are those of one segment; once every row has stopped (step 40) no later step runs."""
+    vocab, calls, grown = 64, [], []
+
+    def step(carry, tokens, t):
+        jax.debug.callback(lambda: calls.append(1))
+        return jax.nn.one_hot((tokens + 1) % vocab, vocab) * 10.0, carry + 1
+
+    def grow(carry, end):
+        jax.debug.callback(lambda c: grown.append((end, int(c))), carry)
+        return carry
+
+    first = jax.nn.one_hot(jnp.array([20, 10, 30]), vocab) * 10.0
+    keys = row_keys(jax.random.key(0), 3, 1)
+    run = jax.jit(decode, static_argnums=(0, 4, 5, 6))
+    one = SamplingConfig(greedy=True, max_new_tokens=64, cache_segments=1)
+    two = SamplingConfig(greedy=True, max_new_tokens=64, cache_segments=2)
+    for scfg, stop in ((one, (50,)), (two, (50,)), (two, ())):
+        calls.clear()
+        grown.clear()
+        out, carry = run(step, jnp.int32(0), first, keys, stop, scfg, grow)
+        if stop == (50,):  # rows stop after 31, 41 and 21 tokens
+            np.testing.assert_array_equal(out.lengths, [31, 41, 21])
+            np.testing.assert_array_equal(out.tokens[1, :41], np.arange(10, 51))
+            assert len(calls) == int(carry) == 40
+            assert grown == ([(64, 0)] if scfg is one else [(32, 0), (64, 31)])
+        else:  # no stop id: every row runs to the end
+            assert out.truncated.all() and len(calls) == 63 and grown == [(32, 0), (64, 31)]
+
+
 @pytest.mark.parametrize(
     "prompts,message", [([[1, 2], []], "prompt 1 is empty"), ([[1] * 5], "max_prompt_len=4")]
 )

@@ -162,12 +162,33 @@ def test_bad_arrays_and_configs_fail_before_compiling():
         generate(DENSE, None, too_long, jax.random.key(0), SamplingConfig(max_prompt_len=8, stop_tokens=(96,)))
 
 
-def test_sampler_program_size_is_flat_in_depth():
-    """Layers and their KV cache are scanned: the sampler's program does not grow with depth."""
+def test_forward_program_size_is_flat_in_depth():
+    """Without a cache the layers are scanned: the training and scoring program does not grow with
+    depth (the sampler unrolls them over per-layer cache buffers; see models/decoder.py)."""
     def lines(layers):
         cfg = dataclasses.replace(DENSE, num_layers=layers)
         params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
-        prompts = sampling.Prompts(jax.ShapeDtypeStruct((4, 8), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32))
-        return len(sampling.rollout.lower(cfg, SCFG, (5,), None, params, prompts, jax.random.key(0)).as_text().splitlines())
+        tokens = jax.ShapeDtypeStruct((4, 8), jnp.int32)
+        return len(jax.jit(models.forward, static_argnums=0).lower(cfg, params, tokens).as_text().splitlines())
 
     assert lines(16) <= 1.2 * lines(2)
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_a_growing_cache_samples_what_a_whole_cache_does(cfg):
+    """With `cache_segments` the KV cache grows segment by segment (96 new tokens: 3 segments of 32)
+    and each step attends to fewer slots: the same tokens, log-probs, lengths and routes as a cache
+    allocated whole."""
+    params = models.init(cfg, jax.random.key(0))
+    whole = SamplingConfig(max_prompt_len=8, max_new_tokens=96, group_size=2, cache_segments=1)
+    grown = dataclasses.replace(whole, cache_segments=3)
+    assert sampling.segment_ends(whole) == (96,) and sampling.segment_ends(grown) == (32, 64, 96)
+    prompts = pad_prompts(PROMPTS, whole)
+    a, b = (generate(cfg, params, prompts, jax.random.key(7), s) for s in (whole, grown))
+    assert {(n - 1) // 32 for n in np.asarray(a.lengths).tolist()} == {0, 1, 2}  # rows stop in every segment
+    np.testing.assert_array_equal(b.tokens, a.tokens)
+    np.testing.assert_array_equal(b.lengths, a.lengths)
+    np.testing.assert_array_equal(b.truncated, a.truncated)
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-6)
+    if cfg.num_experts:
+        np.testing.assert_array_equal(b.routes, a.routes)

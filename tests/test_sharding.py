@@ -93,7 +93,8 @@ def test_optimizer_state_follows_param_shardings(params):
 def test_cache_shardings_and_sharded_extend(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
     s = sharding.cache_shardings(CFG, mesh, batch=4, max_len=8)
-    assert s["k"].spec == s["v"].spec == P(None, ("data", "fsdp"), "tensor", None, None)
+    assert len(s["k"]) == len(s["v"]) == CFG.num_layers
+    assert s["k"][0].spec == s["v"][-1].spec == P(("data", "fsdp"), "tensor", None, None)
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
     cache = jax.device_put(models.init_cache(CFG, 4, 8), s)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
@@ -101,7 +102,7 @@ def test_cache_shardings_and_sharded_extend(params):
     pos = np.broadcast_to(np.arange(3), (4, 3))
     extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
     h, cache, _ = extend(CFG, sharding.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
-    assert cache["k"].sharding.spec == s["k"].spec
+    assert cache["k"][1].sharding.spec == s["k"][1].spec
     np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
 
 

@@ -18,16 +18,17 @@ so packing is several ids in one row and left padding is leading zeros. Position
 KV cache (for sampling; one code path with `forward`):
 
     cache = init_cache(cfg, batch, max_len)
-        {"k": [layers, batch, kv_heads, head_dim, max_len], "v": [layers, batch, kv_heads, max_len,
-         head_dim] in cfg.compute_dtype (per layer, the layouts the attention kernels read; stacked
-         like the params, so the layer scan carries the cache), "segment_ids": [batch, max_len]
+        {"k": per layer [batch, kv_heads, head_dim, max_len], "v": per layer [batch, kv_heads, max_len,
+         head_dim] in cfg.compute_dtype (the layouts the attention kernels read; one buffer per layer,
+         which extend's unrolled layers update and read in place), "segment_ids": [batch, max_len]
          int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`),
          MoE models: "routes": [moe_layers, batch, max_len, k] int32, the experts of each slot's token}
     hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
         tokens/positions/segment_ids [B, T]; writes slots [index, index+T) (index: int32 scalar, the
         same for every row) and attends to all earlier slots with the same segment id.
         Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
-    cache = repeat_cache(cache, G)      # each row G times: G samples share one prefill
+    cache = repeat_cache(cfg, cache, G)      # each row G times: G samples share one prefill
+    cache = grow_cache(cfg, cache, max_len)  # empty slots appended up to max_len
 
 `grpo_jax.sharding.cache_shardings` shards the cache.
 
@@ -48,6 +49,7 @@ from grpo_jax.models.decoder import (
     forward,
     forward_shared_prefix,
     forward_with_aux,
+    grow_cache,
     init,
     init_cache,
     logits,
@@ -69,6 +71,7 @@ __all__ = [
     "forward",
     "forward_shared_prefix",
     "forward_with_aux",
+    "grow_cache",
     "init",
     "init_cache",
     "load_hf",

@@ -3,9 +3,11 @@
 One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
 case. Attention masks are built from segment ids and cache slots, never from positions, so left
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
-the positions given. Layers of one kind (dense or MoE) are stacked and run under `jax.lax.scan`,
-with or without a KV cache (stacked over layers too): program size and compile time do not grow
-with depth.
+the positions given. Layers of one kind (dense or MoE) are stacked; without a KV cache (training,
+scoring) they run under `jax.lax.scan`, so the program's size and compile time do not grow with
+depth. With a cache (sampling) the layers are unrolled over one cache buffer per layer: a scan
+would carry the cache stacked over layers, and XLA:CPU copies each layer's slice out of the stack
+before attending to it (47 of 110 ms of a decode step over 520 slots; bench/README.md).
 """
 
 import functools
@@ -76,13 +78,13 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v stacked over layers
-    like the params, so that the layer scan carries them and writes each new token in place. MoE
-    models also keep the routes of every slot (the experts each token was routed to, per MoE layer)."""
-    shape, axes = (cfg.num_layers, batch, cfg.num_kv_heads), ("layers", "batch", "kv_heads")
+    """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v as one buffer per layer,
+    each written in place and read where it lies by its layer's attention. MoE models also keep the
+    routes of every slot (the experts each token was routed to, per MoE layer)."""
+    shape, axes = (batch, cfg.num_kv_heads), ("batch", "kv_heads")
     specs = {
-        "k": ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq")),
-        "v": ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None)),
+        "k": [ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))] * cfg.num_layers,
+        "v": [ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))] * cfg.num_layers,
         "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
     }
     if any(cfg.moe_layers):
@@ -118,23 +120,35 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache: k [layers, batch, kv_heads, head_dim, max_len] and v [layers, batch, kv_heads,
-    max_len, head_dim] (the layouts `ATTENTION` kernels take, per layer) in the compute dtype;
-    segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding;
-    for MoE models routes [moe_layers, batch, max_len, k] int32, unwritten slots holding experts
-    0..k-1 (a valid set, so a replay of a whole row never meets a repeated expert)."""
+    """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
+    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype; segment_ids
+    [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding; for MoE models
+    routes [moe_layers, batch, max_len, k] int32, unwritten slots holding experts 0..k-1 (a valid
+    set, so a replay of a whole row never meets a repeated expert)."""
     specs = cache_specs(cfg, batch, max_len)
-    cache = {name: jnp.zeros(specs[name].shape, cfg.compute_dtype) for name in ("k", "v")}
+    cache = {name: [jnp.zeros(s.shape, cfg.compute_dtype) for s in specs[name]] for name in ("k", "v")}
     cache["segment_ids"] = jnp.zeros(specs["segment_ids"].shape, jnp.int32)
     if "routes" in specs:
         cache["routes"] = jnp.broadcast_to(jnp.arange(cfg.num_experts_per_tok, dtype=jnp.int32), specs["routes"].shape)
     return cache
 
 
-def repeat_cache(cache: Cache, repeats: int) -> Cache:
+def _cache_axes(cfg: ModelConfig, name: str) -> Cache:
+    """The index of logical axis `name` in every cache leaf."""
+    return jax.tree.map(lambda s: s.axes.index(name), cache_specs(cfg, 1, 1), is_leaf=is_spec)
+
+
+def grow_cache(cfg: ModelConfig, cache: Cache, max_len: int) -> Cache:
+    """The cache with empty slots appended up to `max_len`: the sampler grows it as decoding goes, so
+    that each step attends to the slots it can have written rather than to the final length."""
+    batch, length = cache["segment_ids"].shape
+    empty = init_cache(cfg, batch, max_len - length)
+    return jax.tree.map(lambda a, e, axis: jnp.concatenate([a, e], axis), cache, empty, _cache_axes(cfg, "seq"))
+
+
+def repeat_cache(cfg: ModelConfig, cache: Cache, repeats: int) -> Cache:
     """Every row of the cache `repeats` times in a row along batch: G samples share one prefill."""
-    batch_axis = {"k": 1, "v": 1, "segment_ids": 0, "routes": 1}
-    return {name: jnp.repeat(a, repeats, axis=batch_axis[name]) for name, a in cache.items()}
+    return jax.tree.map(lambda a, axis: jnp.repeat(a, repeats, axis), cache, _cache_axes(cfg, "batch"))
 
 
 def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, "batch seq"]:
@@ -233,11 +247,11 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, index, prefix=None):
+def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, prefix=None):
     """Self-attention of T new tokens; returns (output, the cache, this layer's k and v of the T
-    tokens in the cache layout). With a cache (kv: k, v of all layers) their keys and values are
-    written in place at [layer, :, :, index:index+T] and all slots of this layer are attended. With a
-    `prefix` (this layer's k and v of `index` earlier tokens, read-only) those come first."""
+    tokens in the cache layout). With a cache (kv: this layer's k and v) their keys and values are
+    written in place at slots index:index+T and all slots are attended. With a `prefix` (this
+    layer's k and v of `index` earlier tokens, read-only) those come first."""
     q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
     k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
     v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
@@ -254,9 +268,9 @@ def _attention(cfg, p, x, positions, segment_ids, kv, layer, k_segment_ids, inde
     if prefix is not None:
         k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
     if kv is not None:
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype)[None], (layer, 0, 0, 0, index))
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype)[None], (layer, 0, 0, index, 0))
-        kv, k, v = (k, v), k[layer], v[layer]
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, 0, 0, index))
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, 0, index, 0))
+        kv = (k, v)
     k_slot = jnp.arange(v.shape[2])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
@@ -366,23 +380,22 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
     else:
         k_segment_ids = segment_ids
 
-    def layer(carry, xs, is_moe):
-        (x, kv), (lp, mp, i, replay, shared) = carry, (cast(xs[0]), cast(xs[1]), xs[2], xs[3], xs[4])
+    def layer(x, kv, lp, mp, replay, shared, is_moe):
+        lp, mp = cast(lp), cast(mp)
         if shared is not None:  # this layer's prefix, once per group: each row of the group reads it
             shared = tuple(jnp.repeat(a, group, axis=0) for a in shared)
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, i, k_segment_ids, index, shared)
+        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index, shared)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if is_moe:
             m, *routing = _moe(cfg, mp, h, replay)
         else:
             m, routing = _mlp(mp, h), None
-        return (_constrain(x + m, ("batch", "seq", "embed")), kv), (routing, own if emit_kv else None)
+        return _constrain(x + m, ("batch", "seq", "embed")), kv, (routing, own if emit_kv else None)
 
-    kv = None if cache is None else (cache["k"], cache["v"])
-    routing, emitted = [], []
-    for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run: program size flat in depth
+    kv, routing, emitted = [], [], []
+    for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run of layers of one kind
         layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
         kind = slice(kind_start, kind_start + stop - start)
         mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
@@ -391,7 +404,16 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
         body = functools.partial(layer, is_moe=is_moe)
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
-        (x, kv), (ys, own) = jax.lax.scan(body, (x, kv), (layer_p, mlp_p, jnp.arange(start, stop), replay, shared))
+        if cache is None:
+            x, (ys, own) = jax.lax.scan(lambda x, xs: body(x, None, *xs)[::2], x, (layer_p, mlp_p, replay, shared))
+        else:  # unrolled over the per-layer cache buffers (see the module docstring)
+            outs = []
+            for j in range(stop - start):
+                lp, mp, rp = (jax.tree.map(lambda a: a[j], tree) for tree in (layer_p, mlp_p, replay))
+                x, layer_kv, out = body(x, (cache["k"][start + j], cache["v"][start + j]), lp, mp, rp, None)
+                kv.append(layer_kv)
+                outs.append(out)
+            ys, own = jax.tree.map(lambda *a: jnp.stack(a), *outs)
         if is_moe:
             routing.append(ys)
         emitted.append(own)
@@ -403,7 +425,7 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
     if emit_kv:
         aux["kv"] = tuple(jnp.concatenate([e[j] for e in emitted]) for j in range(2))
     if cache is not None:
-        new_cache = {"k": kv[0], "v": kv[1], "segment_ids": k_segment_ids}
+        new_cache = {"k": [k for k, _ in kv], "v": [v for _, v in kv], "segment_ids": k_segment_ids}
         if "routes" in cache:  # every token's experts, recorded as it is run (routing replay R3)
             new_cache["routes"] = jax.lax.dynamic_update_slice_in_dim(cache["routes"], aux["routes"], index, axis=2)
         cache = new_cache
