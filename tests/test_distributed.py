@@ -27,7 +27,8 @@ ROOT = pathlib.Path(__file__).parents[1]
 QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
 # The quickstart shrunk: a 1-layer model, 8 prompts x 4 samples a step in 2 minibatches (the second
 # update's ratio leaves 1), up to 8 new tokens with a length reward beside exact match (so rewards vary
-# within groups of an untrained model), 8 held-out prompts with 4 samples each (the same sampler
+# within groups of an untrained model), completions packed (prompts of <= 8 tokens padded to 24, so two
+# rows fit in one; each process plans its rows' layout from every process's lengths), 8 held-out prompts with 4 samples each (the same sampler
 # program as training), completions logged and a checkpoint saved every step, the policy exported to
 # safetensors at the end. Compiled programs go to the suite's cache (tests/conftest.py), which the launched
 # processes share: a relaunch loads them.
@@ -35,7 +36,8 @@ SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=6
         "model.num_kv_heads=1", "train.prompts_per_step=8", "sampling.group_size=4", "sampling.max_new_tokens=8",
         "train.minibatches=2", "train.eval_prompts=8", "train.eval_samples=4", "train.steps=4",
         "train.checkpoint_every=1", "reward.names=exact,length", "reward.weights=1,1", "reward.num_workers=0",
-        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true"]
+        "optim.schedule=constant", "train.log_completions_every=1", "train.export_hf=true",
+        "train.packing=true", "sampling.max_prompt_len=24"]
 TIMING = ("time/", "throughput/", "reward/time_s")
 
 
@@ -114,6 +116,8 @@ def test_two_processes_log_what_one_does_and_resume_after_a_kill(tmp_path):
     (tmp_path / "run").rename(tmp_path / "reference")
     want = rows(tmp_path / "reference")
     assert any(r.get("grad_norm", 0) > 0 for r in want) and want[-1]["step"] == 4  # a run that learns
+    packed = [r["packing/rows_frac"] for r in want if "packing/rows_frac" in r]  # training steps' rows
+    assert len(packed) == 4 and min(packed) < 1  # the forwards ran on fewer rows than the padded batch
 
     two = tmp_path / "two"
     procs = launch(two, 2)
