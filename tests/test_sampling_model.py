@@ -174,17 +174,22 @@ def test_forward_program_size_is_flat_in_depth():
     assert lines(16) <= 1.2 * lines(2)
 
 
-@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+@pytest.mark.parametrize("cfg", [DENSE, MOE, dataclasses.replace(DENSE, num_kv_heads=1)], ids=["dense", "moe", "mqa"])
 def test_a_growing_cache_samples_what_a_whole_cache_does(cfg):
     """With `cache_segments` the KV cache grows segment by segment (96 new tokens: 3 segments of 32)
     and each step attends to fewer slots: the same tokens, log-probs, lengths and routes as a cache
-    allocated whole."""
+    allocated whole (and, with one kv head, a cache stored without its kv axis)."""
     params = models.init(cfg, jax.random.key(0))
     whole = SamplingConfig(max_prompt_len=8, max_new_tokens=96, group_size=2, cache_segments=1)
     grown = dataclasses.replace(whole, cache_segments=3)
     assert sampling.segment_ends(whole) == (96,) and sampling.segment_ends(grown) == (32, 64, 96)
     prompts = pad_prompts(PROMPTS, whole)
     a, b = (generate(cfg, params, prompts, jax.random.key(7), s) for s in (whole, grown))
+    if cfg.num_kv_heads == 1:  # against full forwards too (the stored layout differs)
+        tokens, segments = full_sequences(prompts, b, 2)
+        logits = models.logits(cfg, params, tokens, segment_ids=segments)[:, 7:-1]
+        want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), np.asarray(b.tokens)[..., None], -1)[..., 0]
+        np.testing.assert_allclose(np.where(b.mask, b.logprobs, 0), np.where(b.mask, want, 0), atol=1e-5)
     assert {(n - 1) // 32 for n in np.asarray(a.lengths).tolist()} == {0, 1, 2}  # rows stop in every segment
     np.testing.assert_array_equal(b.tokens, a.tokens)
     np.testing.assert_array_equal(b.lengths, a.lengths)

@@ -80,8 +80,11 @@ def param_specs(cfg: ModelConfig) -> Params:
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v as one buffer per layer,
     each written in place and read where it lies by its layer's attention. MoE models also keep the
-    routes of every slot (the experts each token was routed to, per MoE layer)."""
-    shape, axes = (batch, cfg.num_kv_heads), ("batch", "kv_heads")
+    routes of every slot (the experts each token was routed to, per MoE layer). A single kv head is
+    stored without its unit axis: XLA:CPU would otherwise run each step's in-place write twice, on
+    two copies of the buffer (one for the loop, one squeezed for the attention matmul)."""
+    shape = (batch, cfg.num_kv_heads) if cfg.num_kv_heads > 1 else (batch,)
+    axes = ("batch", "kv_heads")[: len(shape)]
     specs = {
         "k": [ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))] * cfg.num_layers,
         "v": [ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))] * cfg.num_layers,
@@ -121,7 +124,8 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
-    max_len, head_dim] (the layouts `ATTENTION` kernels take) in the compute dtype; segment_ids
+    max_len, head_dim] (the layouts `ATTENTION` kernels take; no kv_heads axis for one kv head) in the
+    compute dtype; segment_ids
     [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding; for MoE models
     routes [moe_layers, batch, max_len, k] int32, unwritten slots holding experts 0..k-1 (a valid
     set, so a replay of a whole row never meets a repeated expert)."""
@@ -268,9 +272,14 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, pref
     if prefix is not None:
         k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
     if kv is not None:
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, 0, 0, index))
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, 0, index, 0))
+        unit = kv[0].ndim == 3  # one kv head, stored without its axis (cache_specs)
+        if unit:
+            k, v = k[:, 0], v[:, 0]
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0,) * (k.ndim - 1) + (index,))
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0,) * (v.ndim - 2) + (index, 0))
         kv = (k, v)
+        if unit:
+            k, v = k[:, None], v[:, None]
     k_slot = jnp.arange(v.shape[2])
     mask = (
         (segment_ids[:, :, None] == k_segment_ids[:, None, :])
