@@ -249,7 +249,7 @@ RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
-    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl",
+    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "sampling.cache_segments",
 )
 
 

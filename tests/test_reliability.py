@@ -357,7 +357,8 @@ def test_resume_changes_allow_only_what_keeps_the_trajectory():
     quickstart = load_config(QUICKSTART)  # cosine schedule, 400 steps, seed 0
     saved = flatten(quickstart)
     changes = lambda *sets: resume_changes(saved, flatten(override(quickstart, list(sets))))  # noqa: E731
-    assert changes("train.eval_every=7", "train.out_dir=elsewhere", "mesh.data=2", "reward.num_workers=0") == []
+    assert changes("train.eval_every=7", "train.out_dir=elsewhere", "mesh.data=2", "reward.num_workers=0",
+                   "sampling.cache_segments=1") == []
     assert changes("train.steps=500") == ["train.steps: 400 -> 500"]  # the cosine decays over train.steps
     constant = flatten(override(quickstart, ["optim.schedule=constant"]))
     assert resume_changes(constant, flatten(override(quickstart, ["optim.schedule=constant", "train.steps=500"]))) == []
