@@ -141,7 +141,7 @@ class TrainConfig:
     # Packing (grpo_jax.packing): the training forwards lay the rows end to end, each prompt and counted
     # completion once, in rows of max_prompt_len + max_new_tokens - 1 inputs, instead of padding every row
     # to that width: completions that stop early cost their tokens, not the width. The same log-probs and
-    # gradients (up to float rounding). The host loop (trainer) only; dense models, without prefix_grouper.
+    # gradients (up to float rounding). The host loop (trainer) only, without prefix_grouper.
     packing: bool = False
 
     def __post_init__(self):

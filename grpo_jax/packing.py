@@ -14,6 +14,10 @@ device moves the tokens (`pack`, once per rollout batch). The packed row count i
 per step from four buckets (a quarter, half, three quarters or all of a share's rows), so a run
 compiles at most four versions of each training program.
 
+MoE models: replayed routes (`Batch.routes`, the padded rows' layout) are scattered onto the packed
+tokens they belong to, and the forward's routes and router entropies are gathered back into that
+layout, so routing replay (R2, R3) and the routing metrics see what the padded forward would.
+
 Micro-batches: `train_step._micro_batches` splits the packed rows by the same interleave as the rows
 (slice j holds packed rows j, j+k, ...), so `pack` writes micro-batch j's packed row p of device share
 d at index d*k*P + p*k + j of the minibatch's packed rows, and the split puts it at d*P + p
@@ -45,6 +49,7 @@ class Packing:
     segment_ids: Int[Array, "packed seq_minus_1"]  # a distinct id per row, 0 on padding
     row: Int[Array, "batch"]  # the packed row holding each row, within its micro-batch's packed rows
     first: Int[Array, "batch"]  # the column whose hidden state predicts each row's first completion token
+    span: Int[Array, "batch 2"]  # the padded row's input columns [start, end) that its packed row holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,24 +137,59 @@ def pack(tokens: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], se
         return jnp.zeros((packed_rows, width), jnp.int32).at[to_row, to_col].set(x, mode="drop")
 
     prompt = tokens.shape[1] - new - start
-    return Packing(*(scatter(x) for x in inputs), row, offset + prompt - 1)
+    return Packing(*(scatter(x) for x in inputs), row, offset + prompt - 1, jnp.stack([start, start + length], 1))
 
 
-def completion_hidden(cfg: models.ModelConfig, params, packing: Packing, new: int):
+def completion_hidden(cfg: models.ModelConfig, params, packing: Packing, new: int, routes=None):
     """The final hidden states that predict each row's last `new` tokens, [batch, new, d], from one
-    forward over the packed rows. Columns past a row's counted completion hold other tokens' states:
-    they are masked (the log-prob kernel gives masked tokens 0 and no gradient)."""
-    if any(cfg.moe_layers):
-        raise ValueError("train.packing: MoE routes and routing metrics follow the padded rows; set "
-                         "train.packing=False for this MoE model")
-    hidden = models.forward(cfg, params, packing.tokens, packing.positions, packing.segment_ids)
-    shards = _batch_shards()  # gather within each device's block of packed rows: no row crosses devices
-    packed, width, dim = hidden.shape
-    cols = jnp.clip(packing.first[:, None] + jnp.arange(new), 0, width - 1)
-    blocks = hidden.reshape(shards, packed // shards, width, dim)
+    forward over the packed rows, and the decoder's aux (MoE models: `routes` and `router_entropy` of
+    every input of the padded rows, [moe_layers, batch, seq - 1, ...], as the padded forward gives them;
+    inputs the packed rows do not hold are filled from other columns and carry no weight). Columns past
+    a row's counted completion hold other tokens' states: they are masked (the log-prob kernel gives
+    masked tokens 0 and no gradient). `routes` [batch, moe_layers, seq - 1, k] (`Batch.routes`, the
+    padded rows' layout) are replayed on the tokens they belong to."""
+    width = packing.tokens.shape[1]
+    shift = width - new  # a padded row's input column c sits at packed column first + c - shift
+    replay = None
+    if routes is not None:
+        unrun = jnp.arange(routes.shape[-1], dtype=routes.dtype)  # a valid set on the slots no row holds
+        replay = _to_packed(packing, jnp.moveaxis(routes, 1, 0), shift, unrun)
+    hidden, aux = models.forward_with_aux(cfg, params, packing.tokens, packing.positions, packing.segment_ids, replay)
+    hidden = _from_packed(packing, hidden[None], jnp.arange(new))[0]
+    if "routes" in aux:
+        aux = {k: _from_packed(packing, aux[k], jnp.arange(width) - shift) for k in ("routes", "router_entropy")}
+    return hidden, aux
+
+
+def _from_packed(packing: Packing, x, rel):
+    """x [n, packed, width, ...] -> [n, batch, len(rel), ...]: row b's packed columns first[b] + rel,
+    gathered within each device's block of packed rows (no row crosses devices)."""
+    n, packed, width = x.shape[:3]
+    shards = _batch_shards()
+    cols = jnp.clip(packing.first[:, None] + rel, 0, width - 1).reshape(shards, -1, len(rel))
     rows = (packing.row % (packed // shards)).reshape(shards, -1, 1)
-    out = jax.vmap(lambda h, r, c: h[r, c])(blocks, rows, cols.reshape(shards, -1, new))
-    return out.reshape(-1, new, dim)
+    blocks = x.reshape(n, shards, packed // shards, width, *x.shape[3:])
+    out = jax.vmap(lambda b, r, c: b[:, r, c], in_axes=(1, 0, 0), out_axes=1)(blocks, rows, cols)
+    return out.reshape(n, -1, len(rel), *x.shape[3:])
+
+
+def _to_packed(packing: Packing, x, shift: int, fill):
+    """x [n, batch, width, ...] in the padded rows' layout -> [n, packed, width, ...]: the inputs each
+    packed row holds, scattered within each device's block (the inverse of `_from_packed`); `fill` on
+    the packed slots no row holds."""
+    n, batch, width = x.shape[:3]
+    shards, packed = _batch_shards(), packing.tokens.shape[0]
+    c = jnp.arange(width)
+    held = (c >= packing.span[:, :1]) & (c < packing.span[:, 1:])
+    cols = jnp.where(held, packing.first[:, None] + c - shift, width).reshape(shards, -1, width)  # width: dropped
+    rows = jnp.broadcast_to((packing.row % (packed // shards))[:, None], held.shape).reshape(shards, -1, width)
+    blocks = x.reshape(n, shards, batch // shards, width, *x.shape[3:])
+
+    def scatter(b, r, c):
+        return jnp.broadcast_to(fill, (n, packed // shards, width, *x.shape[3:])).at[:, r, c].set(b, mode="drop")
+
+    out = jax.vmap(scatter, in_axes=(1, 0, 0), out_axes=1)(blocks, rows, cols)
+    return out.reshape(n, packed, width, *x.shape[3:])
 
 
 def _batch_shards() -> int:

@@ -115,11 +115,9 @@ def prefix_group(cfg: Config) -> int:
 def check(cfg: Config) -> None:
     """Errors of the update schedule a user can cause, raised before anything compiles."""
     alg, tr = cfg.algorithm, cfg.train
-    if tr.packing and (tr.prefix_grouper or any(cfg.model.moe_layers)):
-        why = ("train.prefix_grouper=True shares each group's prompt across rows, which packing lays apart"
-               if tr.prefix_grouper else "this MoE model's routing metrics and routing replay read the padded rows")
-        raise ValueError(f"train.packing=True: {why}; set train.packing=False"
-                         + (" or train.prefix_grouper=False" if tr.prefix_grouper else ""))
+    if tr.packing and tr.prefix_grouper:
+        raise ValueError("train.packing=True: train.prefix_grouper=True shares each group's prompt across rows, "
+                         "which packing lays apart; set train.packing=False or train.prefix_grouper=False")
     if tr.prefix_grouper and any(cfg.model.moe_layers):
         raise ValueError(
             "train.prefix_grouper=True: this MoE model's routing metrics and routing replay read every "
@@ -211,9 +209,9 @@ def _completion_forward(model_cfg, temperature, params, tokens, positions, segme
     """(log-probs, entropies or None, the decoder's aux) of the last `new` tokens."""
     batch, new = mask.shape
     if packing is not None:
-        if group > 1 or routes is not None:
-            raise ValueError("train.packing lays rows apart: it takes neither prefix grouping nor replayed routes")
-        hidden, aux = packing_lib.completion_hidden(model_cfg, params, packing, new), {}
+        if group > 1:
+            raise ValueError("train.packing lays rows apart: it takes no prefix grouping")
+        hidden, aux = packing_lib.completion_hidden(model_cfg, params, packing, new, routes)
     elif group > 1:
         hidden, aux = _grouped_hidden(model_cfg, params, tokens, positions, segment_ids, new, group), {}
     else:

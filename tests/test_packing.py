@@ -169,9 +169,6 @@ def test_packing_refuses_what_it_cannot_lay_out(tmp_path):
     with pytest.raises(ValueError, match="train.packing=True: train.prefix_grouper=True .*set train.packing=False "
                                          "or train.prefix_grouper=False"):
         ts.check(dataclasses.replace(on, train=dataclasses.replace(on.train, prefix_grouper=True)))
-    moe = dataclasses.replace(MODEL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-    with pytest.raises(ValueError, match="train.packing=True: this MoE model.*set train.packing=False"):
-        ts.check(dataclasses.replace(on, model=moe))
     mesh = sharding.make_mesh(MeshConfig(data=1), jax.devices()[:1])
     with pytest.raises(ValueError, match="train.packing=True: the packed layout is planned on the host.*fused rl_step"):
         rl_step.jit_rl_step(on, optax.sgd(1.0), mesh, None, lambda completions, mask, answers: mask.sum(1))
@@ -190,7 +187,7 @@ def test_a_trainer_step_with_packing_equals_the_padded_step(tmp_path, monkeypatc
     forwards = []  # the packed rows of each traced packed forward (l^old, the update)
     hidden = packing.completion_hidden
     monkeypatch.setattr(packing, "completion_hidden",
-                        lambda cfg, params, layout, new: forwards.append(layout.tokens.shape) or hidden(cfg, params, layout, new))
+                        lambda cfg, params, layout, *a: forwards.append(layout.tokens.shape) or hidden(cfg, params, layout, *a))
     timing = ("time/", "throughput/", "reward/time_s")
     steps = []
     for on in (False, True):
@@ -203,5 +200,27 @@ def test_a_trainer_step_with_packing_equals_the_padded_step(tmp_path, monkeypatc
     assert rows_frac < 1 and 0 < packed_step.pop("packing/fill") <= 1
     assert len(forwards) == 2 and all(shape == (rows_frac * 8, 13) for shape in forwards)  # of 8 rows of 6 + 8 - 1
     assert padded.keys() == packed_step.keys() and padded["clip_frac_high"] + padded["clip_frac_low"] > 0
+    for name in padded:
+        np.testing.assert_allclose(packed_step[name], padded[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("replay", ["none", "old", "sampler"])
+def test_a_moe_trainer_step_with_packing_equals_the_padded_step(tmp_path, replay):
+    """A Qwen3-MoE policy through the trainer, rows over 2 devices, 2 minibatches: packed, the l^old
+    forward records pi_old's routes in the padded rows' layout, the update replays them (R2) or the
+    sampler's (R3) on the tokens they belong to, and the routing metrics read the counted tokens: every
+    metric of the padded step, on fewer rows."""
+    from test_routing import moe_run
+
+    steps = []
+    for on in (False, True):
+        cfg = moe_run(tmp_path / str(on), replay)
+        cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_prompt_len=10),
+                                  train=dataclasses.replace(cfg.train, packing=on))
+        metrics, _ = trainer.Trainer(cfg).train_step()
+        steps.append({k: v for k, v in metrics.items() if not k.startswith(("time/", "throughput/", "reward/time_s"))})
+    padded, packed_step = steps
+    assert packed_step.pop("packing/rows_frac") < 1 and 0 < packed_step.pop("packing/fill") <= 1
+    assert padded.keys() == packed_step.keys() and "routing/changed_sets_frac" in padded
     for name in padded:
         np.testing.assert_allclose(packed_step[name], padded[name], rtol=1e-4, atol=1e-6, err_msg=name)
