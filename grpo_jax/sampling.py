@@ -299,6 +299,7 @@ def rollout(
     On a mesh, the model's activations are pinned by the sharding rules."""
     with sharding.activation_rules(mesh):
         width, group = prompts.tokens.shape[1], sampling_cfg.group_size
+        params = models.unstack_layers(params)
         logits, cache = prefill(cfg, params, prompts, group, width)
         lengths = jnp.repeat(prompts.lengths, group)
         shard = rows = lambda x: x  # noqa: E731

@@ -57,6 +57,7 @@ from grpo_jax.models.decoder import (
     positions_from_segments,
     repeat_cache,
     unembedding,
+    unstack_layers,
 )
 from grpo_jax.models.hf_io import load_hf, save_hf
 
@@ -81,4 +82,5 @@ __all__ = [
     "repeat_cache",
     "save_hf",
     "unembedding",
+    "unstack_layers",
 ]
