@@ -29,6 +29,7 @@ KV cache (for sampling; one code path with `forward`):
         Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
     cache = repeat_cache(cfg, cache, G)      # each row G times: G samples share one prefill
     cache = grow_cache(cfg, cache, max_len)  # empty slots appended up to max_len
+    params = unstack_layers(params)          # one weight tree per layer: extend reads them in place
 
 `grpo_jax.sharding.cache_shardings` shards the cache.
 
