@@ -125,10 +125,9 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
     max_len, head_dim] (the layouts `ATTENTION` kernels take; no kv_heads axis for one kv head) in the
-    compute dtype; segment_ids
-    [batch, max_len] int32, 0 marking slots that are unwritten or hold left padding; for MoE models
-    routes [moe_layers, batch, max_len, k] int32, unwritten slots holding experts 0..k-1 (a valid
-    set, so a replay of a whole row never meets a repeated expert)."""
+    compute dtype; segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left
+    padding; for MoE models routes [moe_layers, batch, max_len, k] int32, unwritten slots holding
+    experts 0..k-1 (a valid set, so a replay of a whole row never meets a repeated expert)."""
     specs = cache_specs(cfg, batch, max_len)
     cache = {name: [jnp.zeros(s.shape, cfg.compute_dtype) for s in specs[name]] for name in ("k", "v")}
     cache["segment_ids"] = jnp.zeros(specs["segment_ids"].shape, jnp.int32)
@@ -417,7 +416,7 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
         return _constrain(x + m, ("batch", "seq", "embed")), kv, (routing, own if emit_kv else None)
 
     kv, routing, emitted = [], [], []
-    for is_moe, start, stop, kind_start in _runs(cfg):  # one scan per run of layers of one kind
+    for is_moe, start, stop, kind_start in _runs(cfg):  # per run of layers of one kind: a scan, or unrolled
         kind = slice(kind_start, kind_start + stop - start)
         replay = routes[kind] if is_moe and routes is not None else None
         shared = None if prefix is None else (prefix[0][start:stop], prefix[1][start:stop])
