@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from sweep import BASE, hf_config  # noqa: E402
+from sweep import BASE, hf_config, median_times  # noqa: E402
 
 from grpo_jax import models, sampling  # noqa: E402
 from grpo_jax.config import SamplingConfig  # noqa: E402
@@ -44,15 +43,9 @@ def measure(cfg, params, rows: int, new: int, segments: tuple[int, ...], reps: i
         out.append(dict(rows=rows, new=new, cache_segments=n, segment_ends=sampling.segment_ends(scfg),
                         compile_s=time.perf_counter() - start))
         runs[n] = lambda compiled=compiled: jax.block_until_ready(compiled(params, prompts, jax.random.key(0)))
-        runs[n]()
-    times = {n: [] for n in segments}
-    for _ in range(reps):
-        for n, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[n].append(time.perf_counter() - start)
+    times = median_times(runs, reps)  # a warm-up call each, then interleaved
     for row in out:
-        row["generate_s"] = statistics.median(times[row["cache_segments"]])
+        row["generate_s"] = times[row["cache_segments"]]
         row["ms_per_token_step"] = 1e3 * row["generate_s"] / new
     return out
 
