@@ -45,6 +45,9 @@ class CompileLog(logging.Handler):
 def child(workload: str, cache_dir: str) -> dict:
     """One fresh process: Trainer() and two steps, timed."""
     start = time.perf_counter()
+    from grpo_jax import host_memory
+
+    host_memory.keep_freed_memory()  # as every entry point does (distributed.initialize)
     import jax
 
     log = CompileLog()

@@ -4,9 +4,11 @@
 
 Fresh processes alternate between GRPO_JAX_KEEP_FREED_MEMORY=1 (the default) and =0, `rounds` of each
 (the setting is per process and fixed before jax starts its threads); each runs `steps` steps of the
-host loop. Per step: wall, generate and train seconds, user and system CPU seconds and minor page
-faults (getrusage). Medians over steps 2..N of every process of a setting. Writes
-bench/results/host_memory_<workload>.json.
+host loop, without the persistent compilation cache (a Trainer alone opens none; run.train does), so
+the first step compiles every program (the setting's price: XLA's compiler threads share one arena).
+Per step: wall, generate and train seconds,
+user and system CPU seconds and minor page faults (getrusage). Medians over steps 2..N of every
+process of a setting, and the median first step. Writes bench/results/host_memory_<workload>.json.
 """
 
 import argparse
@@ -28,8 +30,9 @@ def child(workload: str, steps: int) -> dict:
     sys.path.insert(0, str(ROOT / "bench"))
     from rl_step import get_config
 
-    from grpo_jax import trainer
+    from grpo_jax import host_memory, trainer
 
+    host_memory.keep_freed_memory()  # GRPO_JAX_KEEP_FREED_MEMORY=0 turns it off
     t = trainer.Trainer(get_config(workload))
     rows = []
     for _ in range(steps):
@@ -55,8 +58,8 @@ def main():
     runs = {"1": [], "0": []}
     for r in range(args.rounds):
         for keep in runs:
-            env = os.environ | {"GRPO_JAX_KEEP_FREED_MEMORY": keep,
-                                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+            env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | {
+                "GRPO_JAX_KEEP_FREED_MEMORY": keep, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
             out = subprocess.run([sys.executable, __file__, "--child", "--workload", args.workload, "--steps",
                                   str(args.steps)], env=env, capture_output=True, text=True)
             if out.returncode:
@@ -65,7 +68,8 @@ def main():
             print(f"round {r + 1}, keep {keep}: step {statistics.median(s['step_s'] for s in runs[keep][-1]['steps'][1:]):.2f} s",
                   flush=True)
     summary = {keep: {f: statistics.median(s[f] for run in rs for s in run["steps"][1:]) for f in FIELDS}
-               | {"max_rss_gib": max(run["max_rss_gib"] for run in rs)} for keep, rs in runs.items()}
+               | {"first_step_s": statistics.median(run["steps"][0]["step_s"] for run in rs),
+                  "max_rss_gib": max(run["max_rss_gib"] for run in rs)} for keep, rs in runs.items()}
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": f"python bench/host_memory.py --workload {args.workload} --rounds {args.rounds} --steps {args.steps}",
@@ -73,11 +77,11 @@ def main():
     }
     path = ROOT / "bench" / "results" / f"host_memory_{args.workload}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n{'freed memory':16s}" + "".join(f"{f:>13s}" for f in FIELDS) + f"{'max RSS GiB':>13s}")
+    print(f"\n{'freed memory':16s}" + "".join(f"{f:>13s}" for f in FIELDS) + f"{'first step s':>13s}{'max RSS GiB':>13s}")
     for keep, name in (("1", "kept (default)"), ("0", "returned")):
         s = summary[keep]
         print(f"{name:16s}" + "".join(f"{s[f]:>13.2f}" for f in FIELDS[:-1]) + f"{s['page_faults']:>13.0f}"
-              + f"{s['max_rss_gib']:>13.2f}")
+              + f"{s['first_step_s']:>13.2f}{s['max_rss_gib']:>13.2f}")
     print(f"wrote {path}")
 
 

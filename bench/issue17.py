@@ -15,6 +15,9 @@ LEARNING_RATE, EPS_LOW, EPS_HIGH = 1e-5, 3e-4, 4e-4
 MODEL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=128,
              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# grpo_jax.host_memory's malloc settings as environment variables, for the peers' processes:
+# env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 python bench/peer_trl.py
+KEEP_FREED_MEMORY = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1099511627776"}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/=().,?!:;'\"<>[]{}#$%\\^_\n"
 
 
@@ -59,16 +62,20 @@ def prompts(n: int, seed: int = 0) -> list[dict]:
 
 def write_peer_result(name: str, steps: list[tuple[float, float]], **fields) -> dict:
     """A peer's result from its (step s, generate s) per step: first step, medians of steps 2..N (train =
-    step - generate) and the load; written to bench/results/peer_NAME.json and printed without the steps."""
+    step - generate) and the load; written to bench/results/peer_NAME.json and printed without the steps.
+    Run with KEEP_FREED_MEMORY's variables set (grpo_jax.host_memory's settings, as glibc reads them at
+    start), it goes to peer_NAME_kept_memory.json instead."""
     import json
     import os
     import statistics
 
+    malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    kept = malloc == KEEP_FREED_MEMORY
     later = steps[1:]
-    result = dict(**fields, steps=steps, first_step_s=steps[0][0], step_s=statistics.median(s for s, _ in later),
-                  generate_s=statistics.median(g for _, g in later),
+    result = dict(**fields, malloc_env=malloc, steps=steps, first_step_s=steps[0][0],
+                  step_s=statistics.median(s for s, _ in later), generate_s=statistics.median(g for _, g in later),
                   train_s=statistics.median(s - g for s, g in later), load=os.getloadavg())
-    out = pathlib.Path(__file__).parent / "results" / f"peer_{name}.json"
+    out = pathlib.Path(__file__).parent / "results" / f"peer_{name}{'_kept_memory' if kept else ''}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
     return result

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import issue17  # noqa: E402
 import roofline  # noqa: E402
-from grpo_jax import algorithms, data, rl_step, sampling, trainer  # noqa: E402
+from grpo_jax import algorithms, data, host_memory, rl_step, sampling, trainer  # noqa: E402
 from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
 from grpo_jax.data import ArithmeticConfig  # noqa: E402
 from grpo_jax.rewards import RewardConfig  # noqa: E402
@@ -55,6 +55,7 @@ def get_config(workload: str) -> Config:
 
 
 def main():
+    host_memory.keep_freed_memory()  # as every entry point does (distributed.initialize)
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=("issue17", "quickstart"), default="issue17")
     parser.add_argument("--steps", type=int, default=6)

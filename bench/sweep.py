@@ -15,7 +15,6 @@ bench/results/sweep.json as they finish (a partial run keeps what it measured).
 """
 
 import argparse
-import dataclasses
 import datetime
 import json
 import pathlib
@@ -32,7 +31,7 @@ import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import roofline  # noqa: E402
-from grpo_jax import algorithms, models, sampling, sharding  # noqa: E402
+from grpo_jax import algorithms, host_memory, models, sampling, sharding  # noqa: E402
 from grpo_jax import train_step as ts  # noqa: E402
 from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
 
@@ -128,6 +127,7 @@ def measure(name: str, s: dict, reps: int, peak: float) -> dict:
 
 
 def main():
+    host_memory.keep_freed_memory()  # as every entry point does (distributed.initialize); transformers too
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=list(ROWS), help=f"rows among {list(ROWS)}")
     parser.add_argument("--reps", type=int, default=2)

@@ -19,6 +19,8 @@ import shutil
 import jax
 from jax.experimental import multihost_utils
 
+from grpo_jax import host_memory
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The launch flags, for `grpo_jax.train` and the experiment scripts alike."""
@@ -32,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def initialize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Calls `jax.distributed.initialize` as the flags say (nothing without them); call it before any
-    computation. Inconsistent flags are a usage error naming the fix."""
+    """Prepares this process: on CPU, keeps freed host memory for reuse (`grpo_jax.host_memory`), then
+    calls `jax.distributed.initialize` as the flags say (nothing without them). Every entry point calls
+    it first, before any computation. Inconsistent flags are a usage error naming the fix."""
+    host_memory.keep_freed_memory()
     manual = {"--coordinator": args.coordinator, "--num-processes": args.num_processes, "--process-id": args.process_id}
     given = [flag for flag, value in manual.items() if value is not None]
     if args.distributed and given:

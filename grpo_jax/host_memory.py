@@ -1,24 +1,44 @@
-"""Keep freed host memory in the process, so XLA:CPU's per-call temporary buffer is reused.
+"""On CPU, keep freed host memory in the process, so XLA:CPU reuses its per-call temporary buffer.
 
 XLA:CPU allocates each program's temporaries as one block per call (the issue-17 update: 1.6 GB).
 glibc serves a block that large with mmap from a thread's arena and unmaps it on free, so every call
-page-faults the whole buffer in again: ~400k faults, 0.4-0.5 s of a 3 s update on 2 cores
-(bench/README.md, "Host memory"). With one arena, no mmap and no trimming, a freed block stays in the
-heap and the next call reuses it. It must run before jax starts its threads (each thread binds to an
-arena at its first malloc): `grpo_jax/__init__.py` calls it on import. On TPU and GPU hosts it only
-changes how the host heap grows. `GRPO_JAX_KEEP_FREED_MEMORY=0` leaves glibc's defaults.
+page-faults the whole buffer in again: ~400k faults, 1.1-1.4 s of system CPU per update on 2 cores,
+13% of an RL step (bench/README.md, `host_memory.py`). With one arena, no mmap and no trimming, a
+freed block stays in the heap and the next call reuses it.
+
+The price is compile time: XLA's compiler threads then share one arena's lock (+15-40% compile on these
+2 cores), which the persistent compilation cache pays once per shape. TPU and GPU keep their buffers
+on the device and would pay only that price, so it applies only where JAX can run on nothing but the
+CPU. Every entry point calls it first (`distributed.initialize`): each thread binds to an arena at its
+first malloc, so it must come before jax starts its threads. `GRPO_JAX_KEEP_FREED_MEMORY=0` leaves
+glibc's defaults.
 """
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
 import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's malloc.h
 
 
+def cpu_only() -> bool:
+    """True when JAX can pick no backend but the CPU: JAX_PLATFORMS is "cpu", or no TPU or GPU plugin
+    is installed (what jax's own discovery looks for; the backends are not started to ask)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms:
+        return platforms == "cpu"
+    return not (importlib.util.find_spec("libtpu") or importlib.util.find_spec("jax_plugins")
+                or importlib.metadata.entry_points(group="jax_plugins"))
+
+
 def keep_freed_memory() -> bool:
-    """Sets glibc's malloc to one arena, no mmap, no trimming; True if it did (Linux, glibc)."""
+    """Sets glibc's malloc to one arena, no mmap, no trimming; True if it did (Linux with glibc, CPU
+    only, not turned off)."""
     if os.environ.get("GRPO_JAX_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    if not cpu_only():
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
