@@ -3,7 +3,7 @@
 XLA:CPU allocates each program's temporaries as one block per call (the issue-17 update: 1.6 GB).
 glibc serves a block that large with mmap from a thread's arena and unmaps it on free, so every call
 page-faults the whole buffer in again: ~400k faults, 1.1-1.4 s of system CPU per update on 2 cores,
-13% of an RL step (bench/README.md, `host_memory.py`). With one arena, no mmap and no trimming, a
+11-13% of an RL step (bench/README.md, `host_memory.py`). With one arena, no mmap and no trimming, a
 freed block stays in the heap and the next call reuses it.
 
 The price is compile time: XLA's compiler threads then share one arena's lock (+15-40% compile on these

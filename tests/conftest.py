@@ -16,6 +16,10 @@ os.environ["XLA_FLAGS"] = (
     " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Entry points keep freed host memory on CPU (grpo_jax.host_memory): faster steps, slower compiles, and
+# the tests are all compiling. Off for the session and the processes it launches; tests/test_host_memory.py
+# turns it on in its own.
+os.environ["GRPO_JAX_KEEP_FREED_MEMORY"] = "0"
 # One persistent compilation cache for the session, in a temporary directory: runs never write into the
 # user's ~/.cache (a directory given to JAX wins over train.compilation_cache_dir: grpo_jax.run), and
 # programs that several tests compile alike load instead. Made by the controller; the xdist workers and
