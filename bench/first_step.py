@@ -77,6 +77,15 @@ def child(workload: str, cache_dir: str) -> dict:
             "programs_to_first_step_end": programs}
 
 
+def measured_process(argv: list[str], env: dict, name: str) -> dict:
+    """Runs `python argv` (a bench script's --child) in a fresh process and returns the JSON it printed
+    after "RESULT "; exits with its output if it failed."""
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{name}: the measured process failed\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
 def load() -> str:
     return pathlib.Path("/proc/loadavg").read_text().split()[0]
 
@@ -95,11 +104,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="first_step_xla_") as cache:
         for name, cache_dir in (("no cache", ""), ("cache cold (empty)", cache), ("cache warm (rerun)", cache)):
             before = load()
-            out = subprocess.run([sys.executable, __file__, "--workload", args.workload, "--child", cache_dir],
-                                 env=env, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"{name}: the measured process failed\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-            result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+            result = measured_process([__file__, "--workload", args.workload, "--child", cache_dir], env, name)
             rows.append({"run": name, **result, "load_before": before, "load_after": load()})
             print(f"{name}: first step {result['first_step_s']:.1f} s (load {before} -> {rows[-1]['load_after']})",
                   flush=True)

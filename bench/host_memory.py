@@ -6,8 +6,7 @@ Fresh processes alternate between GRPO_JAX_KEEP_FREED_MEMORY=1 (the default) and
 (the setting is per process and fixed before jax starts its threads); each runs `steps` steps of the
 host loop, without the persistent compilation cache (a Trainer alone opens none; run.train does), so
 the first step compiles every program (the setting's price: XLA's compiler threads share one arena).
-Per step: wall, generate and train seconds,
-user and system CPU seconds and minor page faults (getrusage). Medians over steps 2..N of every
+Per step: wall, generate and train seconds, user and system CPU seconds and minor page faults (getrusage). Medians over steps 2..N of every
 process of a setting, and the median first step. Writes bench/results/host_memory_<workload>.json.
 """
 
@@ -18,16 +17,17 @@ import os
 import pathlib
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from first_step import measured_process  # noqa: E402
 FIELDS = ("step_s", "generate_s", "train_s", "user_s", "system_s", "page_faults")
 
 
 def child(workload: str, steps: int) -> dict:
-    sys.path.insert(0, str(ROOT / "bench"))
     from rl_step import get_config
 
     from grpo_jax import host_memory, trainer
@@ -60,11 +60,8 @@ def main():
         for keep in runs:
             env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | {
                 "GRPO_JAX_KEEP_FREED_MEMORY": keep, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-            out = subprocess.run([sys.executable, __file__, "--child", "--workload", args.workload, "--steps",
-                                  str(args.steps)], env=env, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"keep={keep}: the measured process failed\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-            runs[keep].append(json.loads(next(s for s in out.stdout.splitlines() if s.startswith("RESULT "))[7:]))
+            runs[keep].append(measured_process([__file__, "--child", "--workload", args.workload, "--steps",
+                                                str(args.steps)], env, f"keep={keep}"))
             print(f"round {r + 1}, keep {keep}: step {statistics.median(s['step_s'] for s in runs[keep][-1]['steps'][1:]):.2f} s",
                   flush=True)
     summary = {keep: {f: statistics.median(s[f] for run in rs for s in run["steps"][1:]) for f in FIELDS}
