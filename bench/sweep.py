@@ -68,12 +68,14 @@ def median_times(runs: dict, reps: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def measure(name: str, s: dict, reps: int, peak: float) -> dict:
+def programs(s: dict, **run_fields) -> tuple:
+    """(model config, transformers model, {name: run}) for shape `s`: the on-policy train update,
+    the forward of its tokens, greedy decoding by grpo_jax and by transformers. Each run blocks."""
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(hf_config(s)).eval()
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        mcfg, params = models.load_hf(tmp)
+        mcfg, params = models.load_hf(tmp, **run_fields)
     rows, seq = s["prompts"] * s["group"], s["prompt_len"] + s["new"]
     cfg = Config(model=mcfg, sampling=SamplingConfig(max_prompt_len=s["prompt_len"], max_new_tokens=s["new"],
                                                      group_size=s["group"]),
@@ -111,7 +113,13 @@ def measure(name: str, s: dict, reps: int, peak: float) -> dict:
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=s["new"],
                            min_new_tokens=s["new"], do_sample=False, pad_token_id=0)
 
-    t = median_times({"train": train, "forward": forward, "grpo_jax greedy": ours, "transformers greedy": theirs}, reps)
+    return mcfg, model, {"train": train, "forward": forward, "grpo_jax greedy": ours, "transformers greedy": theirs}
+
+
+def measure(name: str, s: dict, reps: int, peak: float) -> dict:
+    mcfg, model, runs = programs(s)
+    rows, seq = s["prompts"] * s["group"], s["prompt_len"] + s["new"]
+    t = median_times(runs, reps)
     f_train = roofline.train_flops(mcfg, rows, seq - 1, s["new"])
     f_fwd = roofline.forward_flops(mcfg, rows, seq - 1, s["new"])
     f_dec = roofline.decode_flops(mcfg, rows, 1, s["prompt_len"], s["new"])

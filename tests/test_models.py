@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from grpo_jax import models
+from grpo_jax.models.config import check_run_fields
 
 VOCAB = 97
 KINDS = {  # name -> (HF config class, extra kwargs)
@@ -216,6 +217,24 @@ def test_remat_policies_give_the_same_gradients(hf_dirs):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0], g)
 
 
+def test_unrolled_layers_equal_the_layer_scan(hf_dirs):
+    """scan_layers=False (the layer scan unrolled into straight-line code) computes what the scan does:
+    hidden states, router logits and every gradient, on the MoE model whose MoE, dense, MoE layers
+    make three runs."""
+    _, path = hf_dirs[("qwen3_moe", False)]
+    tokens, seg, pos = left_padded([7, 4], 7)
+
+    def loss(c, p):
+        hidden, aux = models.forward_with_aux(c, p, tokens, pos, seg)
+        return jnp.mean(hidden**2) + jnp.mean(aux["router_logits"] ** 2), (hidden, aux["router_logits"])
+
+    outs = []
+    for scan in [True, False]:
+        cfg, params = models.load_hf(path, scan_layers=scan)
+        outs.append(jax.jit(jax.grad(loss, argnums=1, has_aux=True), static_argnums=0)(cfg, params))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outs[0], outs[1])
+
+
 def test_ragged_experts_equal_dense_experts(hf_dirs):
     _, path = hf_dirs[("qwen3_moe", False)]
     tokens = np.arange(14).reshape(2, 7)
@@ -387,3 +406,7 @@ def test_bad_run_options_name_the_field(copy_of):
         models.load_hf(path, attention="flash9")
     with pytest.raises(ValueError, match="remat='some'"):
         models.load_hf(path, remat="some")
+    cfg, _ = models.load_hf(path)
+    object.__setattr__(cfg, "scan_layers", 1)  # past the tests' annotation checker, as an unchecked caller is
+    with pytest.raises(ValueError, match=r"ModelConfig.scan_layers=1 is not understood; use one of \(True, False\)"):
+        check_run_fields(cfg, "ModelConfig")

@@ -19,7 +19,7 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl")  # how, not what
+RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl", "scan_layers")  # how, not what
 
 
 def check_run_fields(options, owner: str) -> None:
@@ -28,10 +28,11 @@ def check_run_fields(options, owner: str) -> None:
     from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
     known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
-             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS)}
+             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "scan_layers": (True, False)}
     for field, choices in known.items():
-        if getattr(options, field) not in choices:
-            raise ValueError(f"{owner}.{field}={getattr(options, field)!r} is not understood; use one of {choices}")
+        value = getattr(options, field)
+        if value not in choices or type(value) is not type(choices[0]):  # 1 is not True
+            raise ValueError(f"{owner}.{field}={value!r} is not understood; use one of {choices}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ModelConfig:
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
+    scan_layers: bool = True  # without a KV cache; False unrolls them (decoder module docstring)
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")

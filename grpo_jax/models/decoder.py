@@ -5,9 +5,12 @@ case. Attention masks are built from segment ids and cache slots, never from pos
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
 the positions given. Layers of one kind (dense or MoE) are stacked; without a KV cache (training,
 scoring) they run under `jax.lax.scan`, so the program's size and compile time do not grow with
-depth. With a cache (sampling) the layers are unrolled over one cache buffer per layer: a scan
-would carry the cache stacked over layers, and XLA:CPU copies each layer's slice out of the stack
-before attending to it (47 of 110 ms of a decode step over 520 slots; bench/README.md).
+depth; `ModelConfig.scan_layers=False` unrolls that scan instead, trading compile time that grows
+with depth for training free of the scan's stacked residuals (the issue-17 update ~10% faster on
+CPU, its forward a few % slower; bench/README.md). With a cache (sampling) the layers are unrolled
+over one cache buffer per layer: a scan would carry the cache stacked over layers, and XLA:CPU
+copies each layer's slice out of the stack before attending to it (47 of 110 ms of a decode step
+over 520 slots; bench/README.md).
 """
 
 import functools
@@ -426,7 +429,8 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
         if cache is None:
             layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
             mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
-            x, (ys, own) = jax.lax.scan(lambda x, xs: body(x, None, *xs)[::2], x, (layer_p, mlp_p, replay, shared))
+            x, (ys, own) = jax.lax.scan(lambda x, xs: body(x, None, *xs)[::2], x, (layer_p, mlp_p, replay, shared),
+                                        unroll=not cfg.scan_layers)
         else:  # unrolled over the per-layer cache buffers (see the module docstring)
             outs = []
             for j in range(stop - start):
