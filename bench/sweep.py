@@ -76,7 +76,7 @@ def programs(s: dict, **run_fields) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         mcfg, params = models.load_hf(tmp, **run_fields)
-    rows, seq = s["prompts"] * s["group"], s["prompt_len"] + s["new"]
+    rows = s["prompts"] * s["group"]
     cfg = Config(model=mcfg, sampling=SamplingConfig(max_prompt_len=s["prompt_len"], max_new_tokens=s["new"],
                                                      group_size=s["group"]),
                  algorithm=algorithms.AlgorithmConfig.from_preset("gspo"), optim=OptimConfig(learning_rate=1e-5),
