@@ -217,21 +217,26 @@ def test_remat_policies_give_the_same_gradients(hf_dirs):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), grads[0], g)
 
 
-def test_unrolled_layers_equal_the_layer_scan(hf_dirs):
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_unrolled_layers_equal_the_layer_scan(hf_dirs, kind):
     """scan_layers=False (the layer scan unrolled into straight-line code) computes what the scan does:
-    hidden states, router logits and every gradient, on the MoE model whose MoE, dense, MoE layers
-    make three runs."""
-    _, path = hf_dirs[("qwen3_moe", False)]
+    hidden states, router logits and every gradient; on the dense model (one run of 3 layers) and on
+    the MoE model whose MoE, dense, MoE layers make three runs of one."""
+    _, path = hf_dirs[(kind, False)]
     tokens, seg, pos = left_padded([7, 4], 7)
 
     def loss(c, p):
         hidden, aux = models.forward_with_aux(c, p, tokens, pos, seg)
-        return jnp.mean(hidden**2) + jnp.mean(aux["router_logits"] ** 2), (hidden, aux["router_logits"])
+        return jnp.mean(hidden**2) + jnp.mean(aux.get("router_logits", 0.0) ** 2), (hidden, aux)
 
-    outs = []
+    outs, loops = [], []
     for scan in [True, False]:
         cfg, params = models.load_hf(path, scan_layers=scan)
-        outs.append(jax.jit(jax.grad(loss, argnums=1, has_aux=True), static_argnums=0)(cfg, params))
+        step = jax.jit(jax.grad(loss, argnums=1, has_aux=True), static_argnums=0)
+        loops.append(step.lower(cfg, params).as_text().count("stablehlo.while"))
+        outs.append(step(cfg, params))
+    if kind == "qwen3":  # the 3-layer scan and its transpose are loops; unrolled, none is left (a run of
+        assert loops == [2, 0]  # one layer, as in the MoE model, lowers to a one-trip loop either way)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outs[0], outs[1])
 
 
