@@ -79,7 +79,7 @@ class ModelConfig:
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
-    scan_layers: bool = True  # without a KV cache; False unrolls them (decoder module docstring)
+    scan_layers: bool = True  # layers without a KV cache under one jax.lax.scan; False unrolls it (decoder docstring)
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")
