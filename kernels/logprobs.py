@@ -68,7 +68,7 @@ def fused_logprobs(
     [V, d] (a tied embedding table, passed as is). Tiles are clipped to N and V; neither needs
     to be a multiple of its tile; None picks the implementation's default (token x vocab):
     "chunked" 2048 x 2048 (big dots run near peak speed on CPU), Mosaic 256 x 2048 (blocks that
-    fit in TPU VMEM), Triton 64 x 128. Pallas tiles are powers of two, the token tile >= 16 and
+    fit in TPU VMEM), Triton 64 x 256. Pallas tiles are powers of two, the token tile >= 16 and
     the vocab tile >= 128 (Mosaic's block rules). `interpret_as` ("tpu" or "gpu", only with
     impl="pallas"; default "tpu") picks the kernels that CPU interprets; a TPU or GPU always
     runs its own."""
@@ -77,6 +77,10 @@ def fused_logprobs(
            interpret_as)
     if impl == "chunked":
         token_tile, vocab_tile = token_tile or CHUNKED_TILE, vocab_tile or CHUNKED_TILE
+    # Mixed inputs (bf16 activations against float32 weights) meet in their common dtype on every path,
+    # as XLA's dot does it; Triton's dot takes no mixed operands. The narrower one is cast (O(N d) here).
+    dtype = jnp.result_type(hidden, unembed)
+    hidden, unembed = hidden.astype(dtype), unembed.astype(dtype)
     mask = jnp.ones(targets.shape, bool) if mask is None else mask.astype(bool)
     targets = jnp.where(mask, targets, 0)
     if impl == "naive":

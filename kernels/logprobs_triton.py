@@ -11,8 +11,13 @@ tile is summed over d in `K_TILE` slices, and the gradients are added slice by s
 program's own float32 rows (columns) of the output. Loads past d or V are masked, so nothing is
 padded or copied except the token rows (O(N d)).
 
-Triton lowers no reduce_or, so "any row counted" is `max(mask) > 0`, never jnp.any.
-Untuned: the tiles and warp counts below are common Triton matmul choices, not measured ones.
+A token tile with no counted row does no work: its loops run `_counted` (1 if any row of the tile is
+counted, else 0) times their length. Not `jnp.any` (Triton lowers no reduce_or), not `jnp.where` of two
+trip counts (Pallas lowers that select to i1, which no loop bound verifies as), and not `lax.cond` /
+`pl.when` (on jax 0.11.2 a cond in these kernels failed XLA's Triton compile: "operand does not dominate
+this use"); a loop of 0 or 1 trips is the conditional.
+Tiles: of the four measured on an H100 (bench/README.md, `gpu.py`), 64 tokens x 256 vocabulary with 8
+warps ran fastest (10% ahead of 64 x 128 x 4); none comes near the chunked path, the GPU default.
 """
 
 import jax
@@ -22,8 +27,8 @@ from jax.experimental.pallas import triton as plgpu
 
 from kernels import _launch, _tile
 
-TOKEN_TILE, VOCAB_TILE, K_TILE = 64, 128, 64
-NUM_WARPS, NUM_STAGES = 4, 3
+TOKEN_TILE, VOCAB_TILE, K_TILE = 64, 256, 64
+NUM_WARPS, NUM_STAGES = 8, 3
 MIN_TILE = 16  # Triton's dot needs every dimension >= 16
 
 
@@ -92,6 +97,11 @@ def _columns(g, c0):
     return c0 + jax.lax.broadcasted_iota(jnp.int32, (1, g.tv), 1)
 
 
+def _counted(g, m_ref, r0):
+    """int32 1 if any row of the token tile at r0 is counted (`m_ref` holds 0 / 1), else 0."""
+    return jnp.max(m_ref[pl.ds(r0, g.tn)])
+
+
 def _rows(g, r0, *refs):
     """Each per-row input of the token tile at r0, as [tn, 1]."""
     return [ref[pl.ds(r0, g.tn)][:, None] for ref in refs]
@@ -104,16 +114,14 @@ def forward(plan, hidden, unembed, mask, *, interpret):
 
     def kernel(h_ref, w_ref, m_ref, lse_ref, ez_ref):
         r0 = pl.program_id(0) * g.tn
-        counted = m_ref[pl.ds(r0, g.tn)]
 
         def vocab_step(j, stats):
             z = _logits(plan, g, h_ref, w_ref, r0, j * g.tv)
             return _tile.update_stats(stats, z, _columns(g, j * g.tv) < g.v)
 
-        steps = jnp.where(jnp.max(counted) > 0, g.nv, 0)  # a fully masked tile does no work
-        stats = jax.lax.fori_loop(0, steps, vocab_step, _tile.init_stats(g.tn))
+        stats = jax.lax.fori_loop(0, g.nv * _counted(g, m_ref, r0), vocab_step, _tile.init_stats(g.tn))
         for ref, value in zip((lse_ref, ez_ref), _tile.finish_stats(stats)):
-            ref[pl.ds(r0, g.tn)] = jnp.where(counted > 0, value[:, 0], 0.0)
+            ref[pl.ds(r0, g.tn)] = jnp.where(m_ref[pl.ds(r0, g.tn)] > 0, value[:, 0], 0.0)
 
     rows = jax.ShapeDtypeStruct((g.nt * g.tn,), jnp.float32)
     lse, ez = _call(kernel, (g.nt,), [rows, rows], interpret)(h, unembed, m)
@@ -133,9 +141,6 @@ def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent, inte
         return _tile.dlogits(z, lse, ez, g_logp, g_ent[0] if g_ent else None, cols < g.v,
                              cols == t, plan.inv_temp)
 
-    def live(m_ref, r0):
-        return jnp.max(m_ref[pl.ds(r0, g.tn)]) > 0
-
     def dh_kernel(h_ref, w_ref, *refs):
         *row_refs, dh_ref = refs
         r0 = pl.program_id(0) * g.tn
@@ -154,7 +159,7 @@ def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent, inte
             jax.lax.fori_loop(0, g.nk, k_step, None)
 
         jax.lax.fori_loop(0, g.nk, zero, None)
-        jax.lax.fori_loop(0, jnp.where(live(row_refs[1], r0), g.nv, 0), vocab_step, None)
+        jax.lax.fori_loop(0, g.nv * _counted(g, row_refs[1], r0), vocab_step, None)
 
     def dw_kernel(h_ref, w_ref, *refs):
         *row_refs, dw_ref = refs
@@ -165,8 +170,7 @@ def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent, inte
             plgpu.store(view, jnp.zeros(view.shape, jnp.float32), mask=mask)
 
         def token_step(i, _):
-            @pl.when(live(row_refs[1], i * g.tn))
-            def _():
+            def counted_tile(_, __):
                 dz = dlogits(h_ref, w_ref, row_refs, i * g.tn, c0)
 
                 def k_step(k, _):
@@ -174,6 +178,8 @@ def backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, *g_ent, inte
                     _add(_w(plan, g, dw_ref, k, c0), _tile.grad_unembed(h, dz, plan.transposed))
 
                 jax.lax.fori_loop(0, g.nk, k_step, None)
+
+            jax.lax.fori_loop(0, _counted(g, row_refs[1], i * g.tn), counted_tile, None)
 
         jax.lax.fori_loop(0, g.nk, zero, None)
         jax.lax.fori_loop(0, g.nt, token_step, None)

@@ -2,6 +2,7 @@
 `slow` marker."""
 
 import gc
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -11,9 +12,12 @@ import tempfile
 # operation's semantics: XLA:CPU's LLVM at -O0 compiles a train step in ~60% of the time (4.8 s -> 3.0
 # s); at -O0 the classic elemental emitters, in one LLVM module, compile three test train steps in 3.9 s
 # instead of 15.4 s. (At -O2, which runs use, the fusion emitters compile faster: 29 s against 55 s.)
+# jaxlib 0.11 has only the fusion emitters: its XLA exits on the flag ("Unknown flag in XLA_FLAGS", seen on
+# the GPU machine), so the flag goes only to older ones.
+emitters = " --xla_cpu_use_fusion_emitters=false" if int(importlib.metadata.version("jaxlib").split(".")[1]) < 11 else ""
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
+    + emitters + " --xla_cpu_parallel_codegen_split_count=1"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Entry points keep freed host memory on CPU (grpo_jax.host_memory): faster steps, slower compiles, and

@@ -77,6 +77,27 @@ def test_logprobs_only_and_tied_layout(data, naive, impl):
 
 
 @pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
+def test_mixed_dtypes_meet_in_float32(data, impl):
+    """bf16 hidden against float32 unembed (bf16 compute, float32 params): full logits of the same
+    numbers in float32, and each gradient in its input's dtype."""
+    h, w = data["hidden"].astype(jnp.bfloat16), data["unembed"]
+
+    def outputs(h, **kw):
+        def loss(h, w):
+            logp, ent = fused_logprobs(h, w, data["targets"], TEMP, mask=data["mask"], return_entropy=True, **kw)
+            return jnp.sum(logp * data["w_logp"]) + jnp.sum(ent * data["w_ent"]), (logp, ent)
+
+        (_, values), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, w)
+        return [*values, *grads]
+
+    got, want = outputs(h, **impl, **TILES), outputs(h.astype(jnp.float32), impl="naive")
+    assert [x.dtype for x in got] == [jnp.float32, jnp.float32, jnp.bfloat16, jnp.float32]
+    _close([np.asarray(x, np.float32) for x in got[:2]] + [np.asarray(got[3])],
+           [np.asarray(x) for x in want[:2]] + [np.asarray(want[3])], 1e-5)
+    np.testing.assert_allclose(np.asarray(got[2], np.float32), want[2], rtol=1e-2, atol=1e-2 * np.abs(want[2]).max())
+
+
+@pytest.mark.parametrize("impl", FUSED, ids=FUSED_IDS)
 def test_default_tiles(data, naive, impl):
     """Each implementation's own tiles (larger than N, V and d here: clipped to them)."""
     _close(_run(data, **impl), naive[jnp.float32], 1e-5)
