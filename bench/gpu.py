@@ -40,9 +40,10 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import roofline  # noqa: E402
-from grpo_jax import algorithms, models, sampling, sharding  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
-from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
+from update_runs import update_runs  # noqa: E402
+
+from grpo_jax import models, sampling  # noqa: E402
+from grpo_jax.config import SamplingConfig  # noqa: E402
 from kernels import fused_logprobs, logprobs_triton, ratio_clip  # noqa: E402
 
 OUT = pathlib.Path(__file__).parent / "results" / "gpu.json"
@@ -188,26 +189,7 @@ def _train(a: argparse.Namespace, shape: tuple, run_fields: dict, peak_tflops: f
     mcfg = models.ModelConfig(**model)
     prompts, group, prompt_len, new = shape
     rows = prompts * group
-    cfg = Config(model=mcfg, sampling=SamplingConfig(max_prompt_len=prompt_len, max_new_tokens=new, group_size=group),
-                 algorithm=algorithms.AlgorithmConfig.from_preset("gspo"), optim=OptimConfig(learning_rate=1e-6),
-                 train=TrainConfig(prompts_per_step=prompts))
-    mesh = sharding.make_mesh(cfg.mesh)
-    optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, mesh)
-    state = [jax.device_put(ts.init_state(models.init(mcfg, jax.random.key(0)), optimizer), state_sharding)]
-    rng = np.random.default_rng(0)
-    tokens, positions, segments = ts.sequences(
-        jnp.asarray(rng.integers(3, mcfg.vocab_size, (rows, prompt_len)), jnp.int32),
-        jnp.full((rows,), prompt_len, jnp.int32), jnp.asarray(rng.integers(3, mcfg.vocab_size, (rows, new)), jnp.int32))
-    mask = jnp.ones((rows, new), jnp.float32)
-    batch = ts.Batch(tokens, positions, segments, mask, None, mask * 0, jnp.asarray(rng.normal(size=rows), jnp.float32))
-
-    def step():
-        state[0], metrics = update(state[0], None, batch)
-        jax.block_until_ready(metrics)
-
-    def forward():
-        jax.block_until_ready(ts.completion_logprobs(mcfg, 1.0, state[0].params, tokens, positions, segments, mask))
-
+    step, forward = update_runs(mcfg, models.init(mcfg, jax.random.key(0)), prompts, group, prompt_len, new)
     t_train, t_fwd = timed(step, a.reps), timed(forward, a.reps)
     seq = prompt_len + new - 1
     f_train, f_fwd = roofline.train_flops(mcfg, rows, seq, new), roofline.forward_flops(mcfg, rows, seq, new)

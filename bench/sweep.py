@@ -24,16 +24,16 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import roofline  # noqa: E402
-from grpo_jax import algorithms, host_memory, models, sampling, sharding  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
-from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
+from update_runs import update_runs  # noqa: E402
+
+from grpo_jax import host_memory, models, sampling  # noqa: E402
+from grpo_jax.config import SamplingConfig  # noqa: E402
 
 OUT = pathlib.Path(__file__).parent / "results" / "sweep.json"
 BASE = dict(d=256, layers=4, vocab=4096, head_dim=64, heads=4, kv=2, prompts=16, group=8, prompt_len=9, new=64)
@@ -77,27 +77,8 @@ def programs(s: dict, **run_fields) -> tuple:
         model.save_pretrained(tmp)
         mcfg, params = models.load_hf(tmp, **run_fields)
     rows = s["prompts"] * s["group"]
-    cfg = Config(model=mcfg, sampling=SamplingConfig(max_prompt_len=s["prompt_len"], max_new_tokens=s["new"],
-                                                     group_size=s["group"]),
-                 algorithm=algorithms.AlgorithmConfig.from_preset("gspo"), optim=OptimConfig(learning_rate=1e-5),
-                 train=TrainConfig(prompts_per_step=s["prompts"]))
-    mesh = sharding.make_mesh(cfg.mesh)
-    optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, mesh)
-    state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
+    train, forward = update_runs(mcfg, params, s["prompts"], s["group"], s["prompt_len"], s["new"])
     rng = np.random.default_rng(0)
-    tokens, positions, segments = ts.sequences(
-        jnp.asarray(rng.integers(3, s["vocab"], (rows, s["prompt_len"])), jnp.int32),
-        jnp.full((rows,), s["prompt_len"], jnp.int32), jnp.asarray(rng.integers(3, s["vocab"], (rows, s["new"])), jnp.int32))
-    mask = jnp.ones((rows, s["new"]), jnp.float32)
-    batch = ts.Batch(tokens, positions, segments, mask, None, mask * 0, jnp.asarray(rng.normal(size=rows), jnp.float32))
-
-    def train():
-        state[0], m = update(state[0], None, batch)
-        jax.block_until_ready(m)
-
-    def forward():
-        jax.block_until_ready(ts.completion_logprobs(mcfg, 1.0, state[0].params, tokens, positions, segments, mask))
-
     greedy = SamplingConfig(max_prompt_len=s["prompt_len"], max_new_tokens=s["new"], group_size=1, greedy=True,
                             ignore_eos=True)
     prompt_ids = rng.integers(3, s["vocab"], (rows, s["prompt_len"]))
