@@ -77,8 +77,9 @@ def fused_logprobs(
            interpret_as)
     if impl == "chunked":
         token_tile, vocab_tile = token_tile or CHUNKED_TILE, vocab_tile or CHUNKED_TILE
-    # Mixed inputs (bf16 activations against float32 weights) meet in their common dtype on every path,
-    # as XLA's dot does it; Triton's dot takes no mixed operands. The narrower one is cast (O(N d) here).
+    # Mixed inputs meet in their common dtype on every path, as XLA's dot does it; Triton's dot takes no
+    # mixed operands. The narrower one is cast: bf16 activations against float32 weights (bf16 compute,
+    # float32 params) cost an O(N d) cast; a bf16 table against float32 activations is copied whole.
     dtype = jnp.result_type(hidden, unembed)
     hidden, unembed = hidden.astype(dtype), unembed.astype(dtype)
     mask = jnp.ones(targets.shape, bool) if mask is None else mask.astype(bool)

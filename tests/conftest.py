@@ -14,7 +14,8 @@ import tempfile
 # instead of 15.4 s. (At -O2, which runs use, the fusion emitters compile faster: 29 s against 55 s.)
 # jaxlib 0.11 has only the fusion emitters: its XLA exits on the flag ("Unknown flag in XLA_FLAGS", seen on
 # the GPU machine), so the flag goes only to older ones.
-emitters = " --xla_cpu_use_fusion_emitters=false" if int(importlib.metadata.version("jaxlib").split(".")[1]) < 11 else ""
+jaxlib_version = tuple(int(n) for n in importlib.metadata.version("jaxlib").split(".")[:2])
+emitters = " --xla_cpu_use_fusion_emitters=false" if jaxlib_version < (0, 11) else ""
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
     + emitters + " --xla_cpu_parallel_codegen_split_count=1"
