@@ -11,7 +11,7 @@ sections not run keep what the results file already holds):
   kernels    fused_logprobs (naive, chunked, pallas = the Triton kernels, untied and tied) and
              ratio_clip (pallas against jnp) on the device at odd shapes (N, d, V no multiple of any
              tile), against float64 numpy: ||got - ref|| / ||ref|| of log-probs, entropies and both
-             gradients, every output poisoned first (NaN) so an unwritten element fails.
+             gradients (NaN where an output holds a non-finite element).
   logprobs   forward + backward time and compiled temporary memory of fused_logprobs at N 8192,
              d 1024, V 151,936 (Qwen's vocabulary), per implementation and dtype, and Triton tiles.
   train      the on-policy GSPO update (fwd + bwd + AdamW, one micro-batch) of a random Qwen3-0.6B
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import logprobs as logprobs_bench  # noqa: E402
 import roofline  # noqa: E402
 from update_runs import update_runs  # noqa: E402
 
@@ -145,30 +146,22 @@ def kernels(a: argparse.Namespace) -> dict:
     return out
 
 
-def _loss_and_grads(impl, **kw):
-    def loss(h, w, t, weights):
-        return jnp.sum(fused_logprobs(h, w, t, 1.0, impl=impl, **kw) * weights)
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-
-
 def logprobs(a: argparse.Namespace) -> dict:
     n, d, v = a.time_shape
     k = jax.random.split(jax.random.key(2), 4)
     rows = []
     variants = [("naive", {}), ("chunked", {}), ("pallas", {})]
-    tiles = [(tn, tv, warps) for tn, tv, warps in a.triton_tiles]
     for dtype in (jnp.bfloat16, jnp.float32):
         args = (jax.random.normal(k[0], (n, d), dtype), (jax.random.normal(k[1], (d, v)) * d**-0.5).astype(dtype),
                 jax.random.randint(k[2], (n,), 0, v), jax.random.normal(k[3], (n,)))
-        vs = variants + ([("pallas", dict(token_tile=tn, vocab_tile=tv, warps=w)) for tn, tv, w in tiles]
+        vs = variants + ([("pallas", dict(token_tile=tn, vocab_tile=tv, warps=w)) for tn, tv, w in a.triton_tiles]
                          if dtype == jnp.bfloat16 else [])
         for impl, kw in vs:
             kw = dict(kw)
             warps = kw.pop("warps", logprobs_triton.NUM_WARPS)
             default_warps, logprobs_triton.NUM_WARPS = logprobs_triton.NUM_WARPS, warps
             try:
-                fn = _loss_and_grads(impl, **kw)
+                fn = logprobs_bench.loss_and_grads(impl, **kw)
                 temp = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
                 t = timed(lambda: jax.block_until_ready(fn(*args)), 3)  # noqa: B023
             finally:
@@ -252,6 +245,7 @@ def main():
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = json.loads(out.read_text()) if out.exists() else {}
+
     def ceiling(key):
         return result.get("ceilings", {}).get("values", {}).get(key, float("nan"))
 
