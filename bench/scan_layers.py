@@ -1,11 +1,11 @@
-"""The layer scan against unrolled layers (`ModelConfig.scan_layers`) in training: the on-policy
+"""The layer scan against unrolled layers (`ModelConfig.layer_loop`) in training: the on-policy
 train update and the forward of its tokens, both built in one process and timed interleaved.
 
     python bench/scan_layers.py [--rows base layers=16] [--reps 9]     # ~10 min on 2 idle cores
 
 Rows are bench/sweep.py's shapes. First call = compile + one run; the unrolled programs are built
 first, so one-time costs of the process (tracing caches, thread pools) fall on them, not on the
-scan. Writes bench/results/scan_layers.json.
+scan. Each row measured replaces its earlier result in bench/results/scan_layers.json, dated.
 """
 
 import argparse
@@ -21,21 +21,23 @@ import sweep  # noqa: E402
 from grpo_jax import host_memory  # noqa: E402
 
 OUT = pathlib.Path(__file__).parent / "results" / "scan_layers.json"
-MODES = {"unrolled": False, "scan": True}
+MODES = ("unrolled", "scan")  # ModelConfig.layer_loop values
 
 
 def measure(name: str, reps: int) -> dict:
     s = {**sweep.BASE, **sweep.ROWS[name]}
     runs, first = {}, {}
-    for mode, scan in MODES.items():
-        _, _, programs = sweep.programs(s, scan_layers=scan)
+    for mode in MODES:
+        _, _, programs = sweep.programs(s, layer_loop=mode)
         for kind in ("train", "forward"):
             t0 = time.perf_counter()
             programs[kind]()
             first[f"{kind} {mode}"] = time.perf_counter() - t0
             runs[f"{kind} {mode}"] = programs[kind]
     t = sweep.median_times(runs, reps)
-    return dict(row=name, shape=s, load=roofline.load(), first_call_s=first, seconds=t,
+    return dict(row=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command="python bench/scan_layers.py " + " ".join(sys.argv[1:]), shape=s, load=roofline.load(),
+                first_call_s=first, seconds=t,
                 train_speedup=t["train scan"] / t["train unrolled"],
                 forward_speedup=t["forward scan"] / t["forward unrolled"])
 
@@ -46,21 +48,19 @@ def main():
     parser.add_argument("--rows", nargs="*", default=["base", "layers=16"], help=f"rows among {list(sweep.ROWS)}")
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
-    results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   command="python bench/scan_layers.py " + " ".join(sys.argv[1:]), load_start=roofline.load(), rows=[])
+    rows = {r["row"]: r for r in json.loads(OUT.read_text())["rows"]} if OUT.exists() else {}
+    print(f"{roofline.load()}")
     print(f"{'row':10s}{'mode':>10s}{'train s':>9s}{'fwd s':>8s}{'train/fwd':>10s}{'1st train s':>12s}{'1st fwd s':>10s}")
     for name in args.rows:
-        r = measure(name, args.reps)
-        results["rows"].append(r)
+        r = rows[name] = measure(name, args.reps)
         for mode in MODES:
             t, f = r["seconds"][f"train {mode}"], r["seconds"][f"forward {mode}"]
             print(f"{name:10s}{mode:>10s}{t:>9.3f}{f:>8.3f}{t / f:>10.2f}{r['first_call_s'][f'train {mode}']:>12.1f}"
                   f"{r['first_call_s'][f'forward {mode}']:>10.1f}", flush=True)
         print(f"{'':10s} unrolled: train {r['train_speedup']:.2f}x, forward {r['forward_speedup']:.2f}x the scan's speed")
-    results["load_end"] = roofline.load()
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{results['load_start']} -> {results['load_end']}; wrote {OUT}")
+        OUT.parent.mkdir(exist_ok=True)
+        OUT.write_text(json.dumps({"rows": list(rows.values())}, indent=2) + "\n")  # each row with its own date
+    print(f"{roofline.load()}; wrote {OUT}")
 
 
 if __name__ == "__main__":

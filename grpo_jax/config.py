@@ -172,7 +172,7 @@ class ModelOptions:
     attention: str = "xla"
     moe_impl: str = "dense"  # dense (every expert on every token) | ragged (grouped by expert)
     logprobs_impl: str = "auto"  # auto (pallas on TPU, else chunked) | naive (full logits) | chunked | pallas
-    scan_layers: bool = True  # False: unrolled, faster training, compile time grows with depth
+    layer_loop: str = "auto"  # auto (unrolled on CPU, else scan) | scan (compile flat in depth) | unrolled
 
     def __post_init__(self):
         check_run_fields(self, "Config.model_options")
@@ -250,7 +250,7 @@ RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
-    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.scan_layers", "sampling.cache_segments",
+    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.cache_segments",
 )
 
 

@@ -66,8 +66,8 @@ def test_the_command_line_ends_a_config_error_in_its_message(capsys):
 def test_model_options_for_a_checkpoint():
     gsm8k = ROOT / "experiments" / "configs" / "gsm8k.py"
     cfg = override(load_config(gsm8k), ["model_options.moe_impl=ragged", "model_options.remat=full",
-                                        "model_options.scan_layers=false"])
-    assert (cfg.model_options.moe_impl, cfg.model_options.remat, cfg.model_options.scan_layers) == ("ragged", "full", False)
+                                        "model_options.layer_loop=unrolled"])
+    assert (cfg.model_options.moe_impl, cfg.model_options.remat, cfg.model_options.layer_loop) == ("ragged", "full", "unrolled")
     with pytest.raises(ValueError, match="Config.model_options.compute_dtype='fp16' is not understood"):
         override(cfg, ["model_options.compute_dtype=fp16"])
 

@@ -162,11 +162,11 @@ def test_bad_arrays_and_configs_fail_before_compiling():
         generate(DENSE, None, too_long, jax.random.key(0), SamplingConfig(max_prompt_len=8, stop_tokens=(96,)))
 
 
-def test_forward_program_size_is_flat_in_depth():
-    """Without a cache the layers are scanned: the training and scoring program does not grow with
-    depth (the sampler unrolls them over per-layer cache buffers; see models/decoder.py)."""
+def test_forward_program_size_is_flat_in_depth_under_the_scan():
+    """Without a cache and with layer_loop="scan" the training and scoring program does not grow with
+    depth (the sampler unrolls the layers over per-layer cache buffers; see models/decoder.py)."""
     def lines(layers):
-        cfg = dataclasses.replace(DENSE, num_layers=layers)
+        cfg = dataclasses.replace(DENSE, num_layers=layers, layer_loop="scan")
         params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
         tokens = jax.ShapeDtypeStruct((4, 8), jnp.int32)
         return len(jax.jit(models.forward, static_argnums=0).lower(cfg, params, tokens).as_text().splitlines())

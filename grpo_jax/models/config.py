@@ -19,7 +19,8 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl", "scan_layers")  # how, not what
+LAYER_LOOPS = ("auto", "scan", "unrolled")  # auto: unrolled on CPU, scan on accelerators (decoder docstring)
+RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl", "layer_loop")  # how, not what
 
 
 def check_run_fields(options, owner: str) -> None:
@@ -28,10 +29,10 @@ def check_run_fields(options, owner: str) -> None:
     from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
     known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
-             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "scan_layers": (True, False)}
+             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "layer_loop": LAYER_LOOPS}
     for field, choices in known.items():
         value = getattr(options, field)
-        if value not in choices or type(value) is not type(choices[0]):  # 1 is not True
+        if value not in choices:
             raise ValueError(f"{owner}.{field}={value!r} is not understood; use one of {choices}")
 
 
@@ -79,7 +80,7 @@ class ModelConfig:
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
-    scan_layers: bool = True  # layers without a KV cache under one jax.lax.scan; False unrolls it (decoder docstring)
+    layer_loop: str = "auto"  # layers without a KV cache: auto | scan (one jax.lax.scan) | unrolled (decoder docstring)
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")

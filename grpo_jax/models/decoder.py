@@ -4,10 +4,11 @@ One code path: `extend` runs T new tokens against an optional KV cache; `forward
 case. Attention masks are built from segment ids and cache slots, never from positions, so left
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
 the positions given. Layers of one kind (dense or MoE) are stacked; without a KV cache (training,
-scoring) they run under `jax.lax.scan`, so the program's size and compile time do not grow with
-depth; `ModelConfig.scan_layers=False` unrolls that scan instead, trading compile time that grows
-with depth for training free of the scan's stacked residuals (the issue-17 update ~10% faster on
-CPU, its forward a few % slower; bench/README.md). With a cache (sampling) the layers are unrolled
+scoring) `ModelConfig.layer_loop` runs them under one `jax.lax.scan` ("scan": the program's size and
+compile time do not grow with depth) or unrolls that scan ("unrolled": no stacked residuals for the
+backward to write and slice; on CPU the update 1.04-1.12x faster across the issue-17 sweep, the
+forward 0.89-0.98x, compile growing with depth; bench/README.md). "auto", the default, unrolls on CPU
+and scans on TPU and GPU, where it is unmeasured. With a cache (sampling) the layers are unrolled
 over one cache buffer per layer: a scan would carry the cache stacked over layers, and XLA:CPU
 copies each layer's slice out of the stack before attending to it (47 of 110 ms of a decode step
 over 520 slots; bench/README.md).
@@ -380,6 +381,11 @@ def unstack_layers(params: Params) -> Params:
             if name in ("layers", "mlp", "moe") else tree for name, tree in params.items()}
 
 
+def _unrolled(cfg) -> bool:
+    """Whether the layers without a KV cache run unrolled (`ModelConfig.layer_loop`; the module docstring)."""
+    return cfg.layer_loop == "unrolled" or (cfg.layer_loop == "auto" and jax.default_backend() == "cpu")
+
+
 def _layer(stack, i: int):
     """Layer i's weights: from a stacked tree, or from `unstack_layers`' per-layer list."""
     return stack[i] if isinstance(stack, list) else jax.tree.map(lambda a: a[i], stack)
@@ -430,7 +436,7 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
             layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
             mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
             x, (ys, own) = jax.lax.scan(lambda x, xs: body(x, None, *xs)[::2], x, (layer_p, mlp_p, replay, shared),
-                                        unroll=not cfg.scan_layers)
+                                        unroll=_unrolled(cfg))
         else:  # unrolled over the per-layer cache buffers (see the module docstring)
             outs = []
             for j in range(stop - start):
