@@ -1,6 +1,6 @@
 """One RL step through the host loop (`grpo_jax.trainer`) and the fused `grpo_jax.rl_step`.
 
-    python bench/rl_step.py [--workload issue17|quickstart] [--steps 6]
+    python bench/rl_step.py [--workload issue17|quickstart] [--steps 6] [--set KEY=VALUE ...]
 
 issue17 (default), the workload of issue 17 (bench/issue17.py: a random 4.2M-parameter Qwen3 in
 float32 loaded from a local HF directory, as TRL and Tunix load it; 16 prompts x 8 completions of 64
@@ -8,7 +8,8 @@ tokens, 9-token prompts, GSPO, one AdamW update per rollout batch: on-policy). q
 experiments/configs/quickstart.py. Host and fused steps alternate (same load on both); step 1
 compiles; times are medians of steps 2..N; FLOPs and the fraction of the measured matmul peak as in
 bench/roofline.py. Uses only public API (Trainer, its state and prompt batches, data.render,
-sampling.pad_prompts, rl_step.TextMatch). Writes bench/results/rl_step_<workload>.json.
+sampling.pad_prompts, rl_step.TextMatch). `--set` overrides the config as a run's does. Writes
+bench/results/rl_step_<workload>[_<overrides>].json.
 """
 
 import argparse
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import issue17  # noqa: E402
 import roofline  # noqa: E402
-from grpo_jax import algorithms, data, host_memory, rl_step, sampling, trainer  # noqa: E402
+from grpo_jax import algorithms, config, data, host_memory, rl_step, sampling, trainer  # noqa: E402
 from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
 from grpo_jax.data import ArithmeticConfig  # noqa: E402
 from grpo_jax.rewards import RewardConfig  # noqa: E402
@@ -59,8 +60,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=("issue17", "quickstart"), default="issue17")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides as a run's --set takes them, e.g. model_options.layer_loop=scan")
     args = parser.parse_args()
-    cfg = get_config(args.workload)
+    cfg = config.override(get_config(args.workload), args.set)
     load_start = roofline.load()
     peak = roofline.matmul_peak()
 
@@ -97,7 +100,7 @@ def main():
     med = lambda path, k: statistics.median(t[k] for t in times[path][1:])  # noqa: E731
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python bench/rl_step.py --workload {args.workload} --steps {args.steps}",
+        "command": "python bench/rl_step.py " + " ".join(sys.argv[1:]), "overrides": args.set,
         "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "workload": args.workload, "config": dataclasses.asdict(cfg.sampling) | {"rows": rows},
         "matmul_peak_gflops": peak, "load_start": load_start, "load_end": roofline.load(),
@@ -111,7 +114,7 @@ def main():
                      roofline.row("step (fused rl_step)", med("fused", 0), flops_gen + flops_train, peak)],
         "steps": times,
     }
-    out = ROOT / "bench" / "results" / f"rl_step_{args.workload}.json"
+    out = ROOT / "bench" / "results" / f"rl_step_{'_'.join([args.workload, *args.set])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{args.workload}: {rows} completions/step; matmul peak {peak:.0f} GFLOP/s; {load_start} -> {result['load_end']}")
