@@ -107,7 +107,7 @@ def sample(
     tempered = logits.astype(jnp.float32) / sampling_cfg.temperature
     top = jnp.max(tempered, axis=-1, keepdims=True)
     if sampling_cfg.greedy:
-        tokens = jnp.argmax(tempered, axis=-1)
+        tokens = _argmax(tempered)
     else:
         uniform = 1.0 - jax.vmap(jax.random.uniform)(keys)  # in (0, 1]
         tokens = _inverse_cdf(jnp.exp(truncate(tempered, sampling_cfg) - top), uniform)
@@ -134,6 +134,25 @@ def _inverse_cdf(weights: Float[Array, "batch vocab"], uniform: Float[Array, "ba
     inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
     before = jnp.take_along_axis(cum - mass, block[:, None], axis=1)[:, 0]
     return block * _BLOCK + _first_reaching(jnp.cumsum(inner, axis=-1), inner, target - before)
+
+
+def _argmax(x: Float[Array, "batch vocab"]) -> Int[Array, "batch"]:
+    """`jnp.argmax(x, -1)` (first maximum, NaN counts as one) in two levels: the first block of 128 holding
+    the maximum, then the first maximum inside it. XLA:CPU vectorizes the blocks' max but not argmax's
+    reduce of (value, index) pairs: 43 ms against 6 ms on [128, 151936], 30% of greedy decoding there.
+
+    The last vocab % 128 entries are one more block, read back as the last 128 entries: the entries it
+    shares with the block before are then below its maximum, or that block would have been first.
+    """
+    batch, vocab = x.shape
+    size = min(_BLOCK, vocab)
+    full = vocab - vocab % size
+    best = jnp.max(x[:, :full].reshape(batch, -1, size), axis=-1)
+    if full < vocab:
+        best = jnp.concatenate([best, jnp.max(x[:, full:], axis=-1, keepdims=True)], axis=-1)
+    start = jnp.minimum(jnp.argmax(best, axis=-1) * size, vocab - size)
+    block = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size))(x, start)
+    return start + jnp.argmax(block, axis=-1)
 
 
 def _first_reaching(cum, weights, target):

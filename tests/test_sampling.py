@@ -86,6 +86,23 @@ def test_greedy_takes_the_argmax_and_reports_the_tempered_logprob():
     np.testing.assert_allclose(logprobs, np.max(jax.nn.log_softmax(logits / 2.0), -1), atol=1e-6)
 
 
+@pytest.mark.parametrize("vocab", [11, 128, 300, 384])
+def test_greedy_takes_numpys_argmax_across_blocks_ties_and_nans(vocab):
+    """The two-level argmax (blocks of 128; a last partial block read back as the last 128 entries) against
+    numpy's: the first maximum, a tie across the shared entries of the last two blocks, a NaN (numpy
+    returns the first NaN), -inf everywhere but one entry, and a maximum in the very last entry."""
+    logits = np.random.default_rng(vocab).normal(size=(6, vocab)).astype(np.float32)
+    logits[1, [vocab // 3, vocab - 1]] = 9.0  # a tie: the lower index wins
+    logits[2, [vocab // 2, vocab - 2]] = np.nan, 50.0
+    logits[3] = -np.inf
+    logits[3, vocab - 3] = 0.0
+    logits[4, vocab - 1] = 9.0
+    logits[5, max(vocab - 200, 0)] = logits[5, vocab - 1] = 9.0  # with 300: in both the 2nd and the last block
+    tokens, _ = jax.jit(sample, static_argnums=2)(jnp.asarray(logits), row_keys(jax.random.key(0), 6, 1),
+                                                  SamplingConfig(greedy=True))
+    np.testing.assert_array_equal(tokens, np.argmax(logits, -1))
+
+
 def test_row_keys_depend_only_on_prompt_and_sample_index():
     rng = jax.random.key(3)
     small, big = row_keys(rng, 2, 3), row_keys(rng, 5, 3)
