@@ -251,6 +251,8 @@ RESUMABLE = (
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.cache_segments",
+    "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
+    "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before
 )
 
 

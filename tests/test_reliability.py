@@ -366,6 +366,9 @@ def test_resume_changes_allow_only_what_keeps_the_trajectory():
         "optim.learning_rate: 0.0008 -> 0.001", "train.seed: 0 -> 1"]
     older = {k: v for k, v in saved.items() if k != "train.max_skipped_steps"}  # a field added since it was saved
     assert resume_changes(older, saved) == []  # resumable fields may be absent
+    renamed = {k.replace(".layer_loop", ".scan_layers"): True if k.endswith(".layer_loop") else v for k, v in saved.items()}
+    assert sorted(set(renamed) - set(saved)) == ["model.scan_layers", "model_options.scan_layers"]
+    assert resume_changes(renamed, saved) == []  # a checkpoint saved before layer_loop's rename resumes
     del older["algorithm.loss"]
     assert resume_changes(older, saved) == ["algorithm.loss: '(absent)' -> 'gspo'"]
 
