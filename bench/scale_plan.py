@@ -7,8 +7,8 @@ and compiles them ahead of time, so nothing is allocated; the bytes are each pro
 `compiled.memory_analysis()`, for one device.
 
 The run is experiments/configs/gsm8k.py with its model swapped: float32 params and Adam state,
-bfloat16 compute, remat "dots"; 64 prompts x G=8 per step, prompts <= 256 and completions <= 512
-tokens, 4 minibatches of 128 completions, 4 micro-batches of 32. Per device:
+bfloat16 compute, remat "dots", the layer scan; 64 prompts x G=8 per step, prompts <= 256 and
+completions <= 512 tokens, 4 minibatches of 128 completions, 4 micro-batches of 32. Per device:
 
 - train = params + optimizer state + batch (the step's arguments; the state is donated) + the
   step's temporaries (activations saved for the backward pass, gradients, workspace);
@@ -73,7 +73,9 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     from grpo_jax.config import MeshConfig, ModelOptions
 
     base = gsm8k.get_config()
-    model = dataclasses.replace(model_configs()[name], **dict(base.model_options.as_dict(), moe_impl=moe_impl))
+    # layer_loop: what "auto" runs on the TPUs and GPUs planned for (on these simulated CPU devices it would unroll)
+    model = dataclasses.replace(model_configs()[name], **dict(base.model_options.as_dict(), moe_impl=moe_impl,
+                                                              layer_loop="scan"))
     fsdp, tensor, expert = MESHES["moe" if model.num_experts else "dense"][devices]
     mesh_cfg = MeshConfig(data=1, fsdp=fsdp, tensor=tensor, expert=expert)
     cfg = dataclasses.replace(base, model=model, model_path="", model_options=ModelOptions(), mesh=mesh_cfg)
