@@ -126,6 +126,14 @@ def param_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
     return tree_shardings(tree, param_specs(cfg), mesh)
 
 
+def gathered_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """`param_shardings` with every weight whole over fsdp (its "embed" axis unsplit), as a matmul
+    gathers it. The sampler gathers its weights so once for the prefill and all its decode loops."""
+    specs = jax.tree.map(lambda s: s._replace(axes=tuple(None if a == "embed" else a for a in s.axes)),
+                         param_specs(cfg), is_leaf=is_spec)
+    return tree_shardings(tree, specs, mesh)
+
+
 def tree_shardings(tree: Any, specs: Any, mesh: Mesh) -> Any:
     """`param_shardings` against any ParamSpec pytree (e.g. LoRA adapters, `grpo_jax.lora.specs`)."""
     by_path = {

@@ -209,6 +209,27 @@ def test_sampler_pins_activations_by_the_rules():
     assert "f32[4,1,2,8]" in lowered.compile().as_text()
 
 
+def test_the_sampler_gathers_its_weights_once_for_all_its_decode_loops():
+    """On an fsdp mesh the sampler gathers the weights once, before the prefill. XLA hoists a decode
+    loop's gathers of its loop-invariant weights out of the loop, so without that each of the loops of a
+    growing KV cache held a gathered copy of every weight (Qwen3-1.7B, 8 devices: 37 GiB, 13 GiB now)."""
+    cfg = dataclasses.replace(CFG, eos_token_id=1)
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=8))
+    params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
+                          sharding.param_shardings(params, cfg, mesh))  # split over fsdp, as a run holds them
+    prompts = sampling.Prompts(jax.ShapeDtypeStruct((8, 4), jnp.int32), jax.ShapeDtypeStruct((8,), jnp.int32))
+
+    def weight_gathers(segments):  # all-gathers of a weight: a result with a hidden_size (32) axis
+        scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1, cache_segments=segments)
+        assert len(sampling.segment_ends(scfg)) == segments
+        text = sampling.rollout.lower(cfg, scfg, (1,), mesh, params, prompts, jax.random.key(0)).compile().as_text()
+        shapes = re.findall(r"= f32\[([\d,]+)\]\S* all-gather(?:-start)?\(", text)
+        return sum("32" in shape.split(",") for shape in shapes)
+
+    assert weight_gathers(3) == weight_gathers(1) > 0  # before: 68 against 34
+
+
 def test_an_indivisible_dimension_warns_once_naming_rule_and_shape():
     mesh = sharding.make_mesh(MeshConfig(1, 2, 4))
     with pytest.warns(UserWarning, match=r"'heads'.*shape \(4, 6, 8\).*size 6 does not divide over tensor=4"):
