@@ -320,7 +320,7 @@ def rollout(
         width, group = prompts.tokens.shape[1], sampling_cfg.group_size
         if mesh is not None:  # gathered once: XLA hoists each decode loop's gathers of the loop-invariant
             # weights out of it, a whole gathered copy per loop (4 loops: 37 GiB a device for Qwen3-1.7B)
-            params = jax.lax.with_sharding_constraint(params, sharding.gathered_shardings(params, cfg, mesh))
+            params = sharding.gather_over_fsdp(params, cfg, mesh)
         params = models.unstack_layers(params)
         logits, cache = prefill(cfg, params, prompts, group, width)
         lengths = jnp.repeat(prompts.lengths, group)

@@ -126,12 +126,20 @@ def param_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
     return tree_shardings(tree, param_specs(cfg), mesh)
 
 
-def gathered_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-    """`param_shardings` with every weight whole over fsdp (its "embed" axis unsplit), as a matmul
-    gathers it. The sampler gathers its weights so once for the prefill and all its decode loops."""
-    specs = jax.tree.map(lambda s: s._replace(axes=tuple(None if a == "embed" else a for a in s.axes)),
-                         param_specs(cfg), is_leaf=is_spec)
-    return tree_shardings(tree, specs, mesh)
+def gather_over_fsdp(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+    """`params` with every weight constrained whole over fsdp (its "embed" axis unsplit, as a matmul
+    gathers it), inside a jit; other leaves (a LoRA weight's base and adapters) as they are. The
+    sampler gathers its weights so once for the prefill and all its decode loops."""
+    specs = {_names(path): spec for path, spec in jax.tree.flatten_with_path(param_specs(cfg), is_leaf=is_spec)[0]}
+
+    def one(path, leaf):
+        spec = specs.get(_names(path))
+        if spec is None or tuple(leaf.shape) != spec.shape:
+            return leaf
+        axes = tuple(None if a == "embed" else a for a in spec.axes)
+        return jax.lax.with_sharding_constraint(leaf, NamedSharding(mesh, logical_spec(axes, spec.shape, mesh)))
+
+    return jax.tree.map_with_path(one, params)
 
 
 def tree_shardings(tree: Any, specs: Any, mesh: Mesh) -> Any:
