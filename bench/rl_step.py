@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import json
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -114,7 +115,8 @@ def main():
                      roofline.row("step (fused rl_step)", med("fused", 0), flops_gen + flops_train, peak)],
         "steps": times,
     }
-    out = ROOT / "bench" / "results" / f"rl_step_{'_'.join([args.workload, *args.set])}.json"
+    name = re.sub(r"[^\w.=-]", "_", "_".join([args.workload, *args.set]))  # a value may hold a path
+    out = ROOT / "bench" / "results" / f"rl_step_{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{args.workload}: {rows} completions/step; matmul peak {peak:.0f} GFLOP/s; {load_start} -> {result['load_end']}")

@@ -130,11 +130,11 @@ def gather_over_fsdp(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
     """`params` with every weight constrained whole over fsdp (its "embed" axis unsplit, as a matmul
     gathers it), inside a jit; other leaves (a LoRA weight's base and adapters) as they are. The
     sampler gathers its weights so once for the prefill and all its decode loops."""
-    specs = {_names(path): spec for path, spec in jax.tree.flatten_with_path(param_specs(cfg), is_leaf=is_spec)[0]}
+    by_path = _specs_by_path(param_specs(cfg))
 
-    def one(path, leaf):
-        spec = specs.get(_names(path))
-        if spec is None or tuple(leaf.shape) != spec.shape:
+    def one(key_path, leaf):
+        spec = _spec_of(by_path, key_path, leaf)
+        if spec is None:
             return leaf
         axes = tuple(None if a == "embed" else a for a in spec.axes)
         return jax.lax.with_sharding_constraint(leaf, NamedSharding(mesh, logical_spec(axes, spec.shape, mesh)))
@@ -144,20 +144,27 @@ def gather_over_fsdp(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
 
 def tree_shardings(tree: Any, specs: Any, mesh: Mesh) -> Any:
     """`param_shardings` against any ParamSpec pytree (e.g. LoRA adapters, `grpo_jax.lora.specs`)."""
-    by_path = {
-        _names(p): s
-        for p, s in jax.tree.flatten_with_path(specs, is_leaf=is_spec)[0]
-    }
+    by_path = _specs_by_path(specs)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def one(key_path, leaf):
-        names = _names(key_path)
-        for path, spec in by_path.items():
-            if names[-len(path) :] == path and tuple(np.shape(leaf)) == spec.shape:
-                return NamedSharding(mesh, logical_spec(spec.axes, spec.shape, mesh))
-        return replicated
+        spec = _spec_of(by_path, key_path, leaf)
+        return replicated if spec is None else NamedSharding(mesh, logical_spec(spec.axes, spec.shape, mesh))
 
     return jax.tree.map_with_path(one, tree)
+
+
+def _specs_by_path(specs: Any) -> dict:
+    return {_names(p): s for p, s in jax.tree.flatten_with_path(specs, is_leaf=is_spec)[0]}
+
+
+def _spec_of(by_path: dict, key_path, leaf):
+    """The ParamSpec of a leaf whose key path ends like a parameter's path and has its shape, else None."""
+    names = _names(key_path)
+    for path, spec in by_path.items():
+        if names[-len(path) :] == path and tuple(np.shape(leaf)) == spec.shape:
+            return spec
+    return None
 
 
 def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
