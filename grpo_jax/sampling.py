@@ -306,7 +306,26 @@ def decode_step(
 
 def _logits(cfg, params, hidden):
     w = models.unembedding(cfg, params).astype(hidden.dtype)
-    return jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("bd,dv->bv", hidden, w, preferred_element_type=jnp.float32)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return logits
+    # split over vocab as the weight is: asked for whole rows at once, XLA gathered the [d, V] weight
+    # over tensor in every decode loop (2.3 GiB each for Qwen3-8B) rather than each step's [rows, V]
+    return jax.lax.with_sharding_constraint(logits, sharding.logical_spec(("batch", "vocab"), logits.shape, mesh))
+
+
+def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
+    """The weights the decode loops read, gathered over fsdp once, before the prefill, on a mesh: XLA
+    hoists a loop's gathers of a loop-invariant weight out of it, a copy per decode loop (4 loops of a
+    growing cache: 37 GiB a device for Qwen3-1.7B on 8 devices, unrolled). Unrolled, every weight is
+    loop-invariant, then sliced per layer (`models.unstack_layers`); under the layer scan only those
+    outside the layer stacks are, each layer's being sliced and gathered inside the scan."""
+    unrolled = models.layers_unrolled(cfg)
+    if mesh is not None:
+        once = {name: tree for name, tree in params.items() if unrolled or name not in models.LAYER_STACKS}
+        params = {**params, **sharding.gather_over_fsdp(once, cfg, mesh)}
+    return models.unstack_layers(params) if unrolled else params
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -318,10 +337,7 @@ def rollout(
     On a mesh, the model's activations are pinned by the sharding rules."""
     with sharding.activation_rules(mesh):
         width, group = prompts.tokens.shape[1], sampling_cfg.group_size
-        if mesh is not None:  # gathered once: XLA hoists each decode loop's gathers of the loop-invariant
-            # weights out of it, a whole gathered copy per loop (4 loops: 37 GiB a device for Qwen3-1.7B)
-            params = sharding.gather_over_fsdp(params, cfg, mesh)
-        params = models.unstack_layers(params)
+        params = _decoding_params(cfg, params, mesh)
         logits, cache = prefill(cfg, params, prompts, group, width)
         lengths = jnp.repeat(prompts.lengths, group)
         shard = rows = lambda x: x  # noqa: E731

@@ -117,8 +117,11 @@ def test_same_seed_same_samples_whatever_the_batch_composition(model):
 @pytest.mark.parametrize(
     "cfg,mesh_cfg",
     [(DENSE, MeshConfig(data=8)), (DENSE, MeshConfig(data=2, fsdp=2, tensor=2)),
-     (MOE, MeshConfig(data=2, tensor=2, expert=2))],
-    ids=["dense-data8", "dense-data2-fsdp2-tensor2", "moe-data2-tensor2-expert2"],
+     (MOE, MeshConfig(data=2, tensor=2, expert=2)),
+     (dataclasses.replace(DENSE, layer_loop="scan"), MeshConfig(data=2, fsdp=2, tensor=2)),
+     (dataclasses.replace(MOE, layer_loop="scan"), MeshConfig(fsdp=2, tensor=2, expert=2))],
+    ids=["dense-data8", "dense-data2-fsdp2-tensor2", "moe-data2-tensor2-expert2", "scan-dense-data2-fsdp2-tensor2",
+         "scan-moe-fsdp2-tensor2-expert2"],
 )
 def test_same_seed_same_samples_on_a_mesh_as_on_one_device(cfg, mesh_cfg):
     scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=10, group_size=2)  # 8 rows: one per device
@@ -162,16 +165,44 @@ def test_bad_arrays_and_configs_fail_before_compiling():
         generate(DENSE, None, too_long, jax.random.key(0), SamplingConfig(max_prompt_len=8, stop_tokens=(96,)))
 
 
-def test_forward_program_size_is_flat_in_depth_under_the_scan():
-    """Without a cache and with layer_loop="scan" the training and scoring program does not grow with
-    depth (the sampler unrolls the layers over per-layer cache buffers; see models/decoder.py)."""
-    def lines(layers):
-        cfg = dataclasses.replace(DENSE, num_layers=layers, layer_loop="scan")
+def test_program_size_is_flat_in_depth_under_the_scan():
+    """With layer_loop="scan" neither the training and scoring forward nor the sampler (prefill and
+    two decode loops over a stacked cache) grows with depth; unrolled, the sampler does."""
+    scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=64, group_size=1)
+    prompts = sampling.Prompts(jax.ShapeDtypeStruct((2, 8), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32))
+
+    def lines(layers, loop):
+        cfg = dataclasses.replace(DENSE, num_layers=layers, layer_loop=loop)
         params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
         tokens = jax.ShapeDtypeStruct((4, 8), jnp.int32)
-        return len(jax.jit(models.forward, static_argnums=0).lower(cfg, params, tokens).as_text().splitlines())
+        forward = jax.jit(models.forward, static_argnums=0).lower(cfg, params, tokens)
+        rollout = sampling.rollout.lower(cfg, scfg, (5,), None, params, prompts, jax.random.key(0))
+        return np.array([len(forward.as_text().splitlines()), len(rollout.as_text().splitlines())])
 
-    assert lines(16) <= 1.2 * lines(2)
+    assert (lines(16, "scan") <= 1.2 * lines(2, "scan")).all()
+    assert lines(16, "unrolled")[1] > 3 * lines(2, "unrolled")[1]
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE, dataclasses.replace(DENSE, num_kv_heads=1)], ids=["dense", "moe", "mqa"])
+def test_the_scanned_sampler_samples_what_the_unrolled_one_does(cfg):
+    """layer_loop="scan" (the default on TPU and GPU) carries one KV cache stacked over layers through
+    the layer scan; "unrolled" (CPU) keeps one buffer per layer: the same tokens, log-probs, lengths and
+    routes, over a cache grown in 2 segments (MoE: the stack passes through two runs of layers)."""
+    params = models.init(cfg, jax.random.key(0))
+    scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=64, group_size=2, temperature=0.9)
+    assert len(sampling.segment_ends(scfg)) == 2
+    scanned, unrolled = (dataclasses.replace(cfg, layer_loop=loop) for loop in ("scan", "unrolled"))
+    kv = (cfg.num_kv_heads,) if cfg.num_kv_heads > 1 else ()
+    assert models.init_cache(scanned, 3, 5)["k"].shape == (cfg.num_layers, 3, *kv, cfg.head_dim, 5)
+    assert [a.shape for a in models.init_cache(unrolled, 3, 5)["v"]] == [(3, *kv, 5, cfg.head_dim)] * cfg.num_layers
+    prompts = pad_prompts(PROMPTS, scfg)
+    a, b = (generate(c, params, prompts, jax.random.key(8), scfg) for c in (scanned, unrolled))
+    assert len(set(np.asarray(b.lengths).tolist())) > 2  # rows stop at different steps
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+    if cfg.num_experts:
+        np.testing.assert_array_equal(a.routes, b.routes)
 
 
 @pytest.mark.parametrize("cfg", [DENSE, MOE, dataclasses.replace(DENSE, num_kv_heads=1)], ids=["dense", "moe", "mqa"])

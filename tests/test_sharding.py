@@ -209,25 +209,56 @@ def test_sampler_pins_activations_by_the_rules():
     assert "f32[4,1,2,8]" in lowered.compile().as_text()
 
 
-def test_the_sampler_gathers_its_weights_once_for_all_its_decode_loops():
-    """On an fsdp mesh the sampler gathers the weights once, before the prefill. XLA hoists a decode
-    loop's gathers of its loop-invariant weights out of the loop, so without that each of the loops of a
-    growing KV cache held a gathered copy of every weight (Qwen3-1.7B, 8 devices: 37 GiB, 13 GiB now)."""
-    cfg = dataclasses.replace(CFG, eos_token_id=1)
-    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=8))
+def _sampler_gathers(cfg, segments: int, mesh_cfg=MeshConfig(data=1, fsdp=8)) -> list[tuple[int, ...]]:
+    """The result shapes of the all-gathers in the sampler compiled for 8 rows on a mesh, for params
+    split as a run holds them."""
+    mesh = sharding.make_mesh(mesh_cfg)
     params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
-                          sharding.param_shardings(params, cfg, mesh))  # split over fsdp, as a run holds them
+                          sharding.param_shardings(params, cfg, mesh))
     prompts = sampling.Prompts(jax.ShapeDtypeStruct((8, 4), jnp.int32), jax.ShapeDtypeStruct((8,), jnp.int32))
+    scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1, cache_segments=segments)
+    assert len(sampling.segment_ends(scfg)) == segments
+    text = sampling.rollout.lower(cfg, scfg, (1,), mesh, params, prompts, jax.random.key(0)).compile().as_text()
+    return [tuple(map(int, s.split(","))) for s in re.findall(r"= f32\[([\d,]+)\]\S* all-gather(?:-start)?\(", text)]
 
-    def weight_gathers(segments):  # all-gathers of a weight: a result with a hidden_size (32) axis
-        scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1, cache_segments=segments)
-        assert len(sampling.segment_ends(scfg)) == segments
-        text = sampling.rollout.lower(cfg, scfg, (1,), mesh, params, prompts, jax.random.key(0)).compile().as_text()
-        shapes = re.findall(r"= f32\[([\d,]+)\]\S* all-gather(?:-start)?\(", text)
-        return sum("32" in shape.split(",") for shape in shapes)
 
-    assert weight_gathers(3) == weight_gathers(1) > 0  # before: 68 against 34
+def _weights(shapes):  # the gathers of a weight: a result with a hidden_size (32) axis
+    return [s for s in shapes if 32 in s]
+
+
+def test_the_unrolled_sampler_gathers_its_weights_once_for_all_its_decode_loops():
+    """On an fsdp mesh the unrolled sampler gathers the weights once, before the prefill. XLA hoists a
+    decode loop's gathers of its loop-invariant weights out of the loop, so without that each of the
+    loops of a growing KV cache held a gathered copy of every weight (Qwen3-1.7B, 8 devices: 37 GiB)."""
+    cfg = dataclasses.replace(CFG, eos_token_id=1, layer_loop="unrolled")
+    assert len(_weights(_sampler_gathers(cfg, 3))) == len(_weights(_sampler_gathers(cfg, 1))) > 0  # before: 68, 34
+
+
+def test_the_scanned_sampler_gathers_one_layer_at_a_time():
+    """Under the layer scan (the default on TPU and GPU) the sampler gathers each layer's weights inside
+    the loop: no gathered weight carries the stacked layer axis (6 layers: 1 dense, 5 MoE), so no device
+    holds a whole gathered copy of the model, as it does unrolled. The embeddings and the lm_head, read
+    outside the scan, are gathered once for all decode loops (each loop gathered its own before:
+    Qwen3-8B on 64 devices, 12.2 GiB of sampler temporaries against 3.5)."""
+    cfg = dataclasses.replace(CFG, eos_token_id=1, num_layers=6)
+    stacked = lambda shapes: [s for s in _weights(shapes) if s[0] in (5, 6)]  # noqa: E731
+    tables = lambda shapes: sorted(s for s in shapes if s in ((64, 32), (32, 64)))  # noqa: E731 — embed, lm_head
+    assert stacked(_sampler_gathers(dataclasses.replace(cfg, layer_loop="unrolled"), 2))
+    scanned = dataclasses.replace(cfg, layer_loop="scan")
+    gathers = _sampler_gathers(scanned, 3)
+    assert _weights(gathers) and not stacked(gathers)
+    assert tables(gathers) == tables(_sampler_gathers(scanned, 1)) == [(32, 64), (64, 32)]
+
+
+@pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
+def test_the_sampler_gathers_the_logits_not_the_lm_head_over_tensor(layer_loop):
+    """With the vocabulary split over tensor, the sampler gathers each step's [rows, vocab] logits, never
+    the [hidden, vocab] lm_head: asked for whole rows at once, XLA gathered the weight over tensor in the
+    prefill and in each decode loop (Qwen3-8B on 64 devices: 4 x 2.3 GiB)."""
+    cfg = dataclasses.replace(CFG, eos_token_id=1, layer_loop=layer_loop)
+    shapes = _sampler_gathers(cfg, 3, MeshConfig(data=1, fsdp=4, tensor=2))
+    assert (32, CFG.vocab_size) not in shapes and (2, CFG.vocab_size) in shapes  # 8 rows over fsdp=4
 
 
 def test_an_indivisible_dimension_warns_once_naming_rule_and_shape():

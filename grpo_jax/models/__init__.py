@@ -20,7 +20,8 @@ KV cache (for sampling; one code path with `forward`):
     cache = init_cache(cfg, batch, max_len)
         {"k": per layer [batch, kv_heads, head_dim, max_len], "v": per layer [batch, kv_heads, max_len,
          head_dim] in cfg.compute_dtype (the layouts the attention kernels read; one buffer per layer,
-         which extend's unrolled layers update and read in place), "segment_ids": [batch, max_len]
+         which extend's unrolled layers update and read in place, or under the layer scan one buffer
+         [layers, ...] carried through it: `layers_unrolled(cfg)`), "segment_ids": [batch, max_len]
          int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`),
          MoE models: "routes": [moe_layers, batch, max_len, k] int32, the experts of each slot's token}
     hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
@@ -29,7 +30,7 @@ KV cache (for sampling; one code path with `forward`):
         Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
     cache = repeat_cache(cfg, cache, G)      # each row G times: G samples share one prefill
     cache = grow_cache(cfg, cache, max_len)  # empty slots appended up to max_len
-    params = unstack_layers(params)          # one weight tree per layer: extend reads them in place
+    params = unstack_layers(params)          # one weight tree per layer: unrolled, extend reads them in place
 
 `grpo_jax.sharding.cache_shardings` shards the cache.
 
@@ -43,6 +44,7 @@ final_norm [d]; lm_head [d, V] unless embeddings are tied.
 from grpo_jax.models.config import Llama3RopeScaling, ModelConfig
 from grpo_jax.models.decoder import (
     ATTENTION,
+    LAYER_STACKS,
     MOE,
     ParamSpec,
     cache_specs,
@@ -53,6 +55,7 @@ from grpo_jax.models.decoder import (
     grow_cache,
     init,
     init_cache,
+    layers_unrolled,
     logits,
     param_specs,
     positions_from_segments,
@@ -64,6 +67,7 @@ from grpo_jax.models.hf_io import load_hf, save_hf
 
 __all__ = [
     "ATTENTION",
+    "LAYER_STACKS",
     "Llama3RopeScaling",
     "MOE",
     "ModelConfig",
@@ -76,6 +80,7 @@ __all__ = [
     "grow_cache",
     "init",
     "init_cache",
+    "layers_unrolled",
     "load_hf",
     "logits",
     "param_specs",

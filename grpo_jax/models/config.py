@@ -80,7 +80,7 @@ class ModelConfig:
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
-    layer_loop: str = "auto"  # layers without a KV cache: auto | scan (one jax.lax.scan) | unrolled (decoder docstring)
+    layer_loop: str = "auto"  # auto | scan (one jax.lax.scan) | unrolled; training and sampling (decoder docstring)
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")

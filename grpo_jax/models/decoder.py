@@ -3,15 +3,16 @@
 One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
 case. Attention masks are built from segment ids and cache slots, never from positions, so left
 padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
-the positions given. Layers of one kind (dense or MoE) are stacked; without a KV cache (training,
-scoring) `ModelConfig.layer_loop` runs them under one `jax.lax.scan` ("scan": the program's size and
-compile time do not grow with depth) or unrolls that scan ("unrolled": no stacked residuals for the
-backward to write and slice; on CPU the update 1.04-1.12x faster across the issue-17 sweep, the
-forward 0.89-0.98x, compile growing with depth; bench/README.md). "auto", the default, unrolls on CPU
-and scans on TPU and GPU, where it is unmeasured. With a cache (sampling) the layers are unrolled
-over one cache buffer per layer: a scan would carry the cache stacked over layers, and XLA:CPU
-copies each layer's slice out of the stack before attending to it (47 of 110 ms of a decode step
-over 520 slots; bench/README.md).
+the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig.layer_loop` runs
+them under one `jax.lax.scan` ("scan": the program's size and compile time do not grow with depth,
+and on a mesh each layer's weights are gathered inside the loop, one layer at a time) or unrolled
+("unrolled"). "auto", the default, unrolls on CPU and scans on TPU and GPU. Without a KV cache
+(training, scoring) unrolling spares the backward its stacked residuals: on CPU the update ran
+1.04-1.12x faster across the issue-17 sweep, the forward 0.89-0.98x. With a cache (sampling) the
+scan carries the cache stacked over layers, which XLA:CPU copies a layer's slice out of before
+attending to it (47 of 110 ms of a decode step over 520 slots), so unrolled decoding keeps one cache
+buffer per layer instead (bench/README.md). The trade was measured on CPU only; "auto" keeps the
+scan on accelerators for its flat programs and per-layer gathers (bench/scale_plan.py).
 """
 
 import functools
@@ -82,18 +83,21 @@ def param_specs(cfg: ModelConfig) -> Params:
 
 
 def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """The KV cache pytree as ParamSpecs (same role as `param_specs`): k and v as one buffer per layer,
-    each written in place and read where it lies by its layer's attention. MoE models also keep the
-    routes of every slot (the experts each token was routed to, per MoE layer). A single kv head is
-    stored without its unit axis: XLA:CPU would otherwise run each step's in-place write twice, on
-    two copies of the buffer (one for the loop, one squeezed for the attention matmul)."""
+    """The KV cache pytree as ParamSpecs (same role as `param_specs`). k and v follow the layer loop
+    (`layers_unrolled`): unrolled, one buffer per layer, each written in place and read where it lies
+    by its layer's attention; scanned, one buffer stacked over layers, carried through the scan. MoE
+    models also keep the routes of every slot (the experts each token was routed to, per MoE layer).
+    A single kv head is stored without its unit axis: XLA:CPU would otherwise run each step's in-place
+    write twice, on two copies of the buffer (one for the loop, one squeezed for the attention matmul)."""
     shape = (batch, cfg.num_kv_heads) if cfg.num_kv_heads > 1 else (batch,)
     axes = ("batch", "kv_heads")[: len(shape)]
-    specs = {
-        "k": [ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))] * cfg.num_layers,
-        "v": [ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))] * cfg.num_layers,
-        "segment_ids": ParamSpec((batch, max_len), ("batch", "seq")),
-    }
+    k = ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))
+    v = ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))
+    if layers_unrolled(cfg):
+        specs = {"k": [k] * cfg.num_layers, "v": [v] * cfg.num_layers}
+    else:
+        specs = {name: ParamSpec((cfg.num_layers, *s.shape), ("layers", *s.axes)) for name, s in (("k", k), ("v", v))}
+    specs["segment_ids"] = ParamSpec((batch, max_len), ("batch", "seq"))
     if any(cfg.moe_layers):
         shape = (sum(cfg.moe_layers), batch, max_len, cfg.num_experts_per_tok)
         specs["routes"] = ParamSpec(shape, ("layers", "batch", "seq", None))
@@ -127,13 +131,15 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache: per layer, k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
-    max_len, head_dim] (the layouts `ATTENTION` kernels take; no kv_heads axis for one kv head) in the
-    compute dtype; segment_ids [batch, max_len] int32, 0 marking slots that are unwritten or hold left
-    padding; for MoE models routes [moe_layers, batch, max_len, k] int32, unwritten slots holding
-    experts 0..k-1 (a valid set, so a replay of a whole row never meets a repeated expert)."""
+    """An empty cache (`cache_specs`): k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
+    max_len, head_dim] per layer, or stacked [layers, ...] under the layer scan (the layouts `ATTENTION`
+    kernels take; no kv_heads axis for one kv head), in the compute dtype; segment_ids [batch, max_len]
+    int32, 0 marking slots that are unwritten or hold left padding; for MoE models routes [moe_layers,
+    batch, max_len, k] int32, unwritten slots holding experts 0..k-1 (a valid set, so a replay of a
+    whole row never meets a repeated expert)."""
     specs = cache_specs(cfg, batch, max_len)
-    cache = {name: [jnp.zeros(s.shape, cfg.compute_dtype) for s in specs[name]] for name in ("k", "v")}
+    zeros = lambda s: jnp.zeros(s.shape, cfg.compute_dtype)  # noqa: E731
+    cache = {name: jax.tree.map(zeros, specs[name], is_leaf=is_spec) for name in ("k", "v")}
     cache["segment_ids"] = jnp.zeros(specs["segment_ids"].shape, jnp.int32)
     if "routes" in specs:
         cache["routes"] = jnp.broadcast_to(jnp.arange(cfg.num_experts_per_tok, dtype=jnp.int32), specs["routes"].shape)
@@ -254,11 +260,12 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, prefix=None):
+def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, prefix=None, layer=None):
     """Self-attention of T new tokens; returns (output, the cache, this layer's k and v of the T
-    tokens in the cache layout). With a cache (kv: this layer's k and v) their keys and values are
-    written in place at slots index:index+T and all slots are attended. With a `prefix` (this
-    layer's k and v of `index` earlier tokens, read-only) those come first."""
+    tokens in the cache layout). With a cache (kv: this layer's k and v, or with `layer` every
+    layer's, stacked) their keys and values are written in place at slots index:index+T and all
+    slots of this layer are attended. With a `prefix` (this layer's k and v of `index` earlier
+    tokens, read-only) those come first."""
     q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
     k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
     v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
@@ -275,12 +282,11 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, pref
     if prefix is not None:
         k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
     if kv is not None:
-        unit = kv[0].ndim == 3  # one kv head, stored without its axis (cache_specs)
+        unit = kv[1].ndim == 3 + (layer is not None)  # one kv head, stored without its axis (cache_specs)
         if unit:
             k, v = k[:, 0], v[:, 0]
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0,) * (k.ndim - 1) + (index,))
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0,) * (v.ndim - 2) + (index, 0))
-        kv = (k, v)
+        kv = _write(kv[0], k, index, -1, layer), _write(kv[1], v, index, -2, layer)
+        k, v = kv if layer is None else (kv[0][layer], kv[1][layer])
         if unit:
             k, v = k[:, None], v[:, None]
     k_slot = jnp.arange(v.shape[2])
@@ -292,6 +298,16 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, pref
     out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
     return _dense(out, p["o"], 2), kv, own
+
+
+def _write(buffer, new, index, seq_axis: int, layer=None):
+    """`buffer` with `new` written in place from slot `index` along `seq_axis`; with `layer`, the buffer
+    is stacked over layers and `new` goes into that layer's slice."""
+    start = [0] * new.ndim
+    start[seq_axis] = index
+    if layer is not None:
+        new, start = new[None], [layer, *start]
+    return jax.lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), start)
 
 
 def _mlp(p, x):
@@ -373,16 +389,20 @@ def _runs(cfg: ModelConfig) -> list[tuple[bool, int, int, int]]:
     return [tuple(r) for r in runs]
 
 
+LAYER_STACKS = ("layers", "mlp", "moe")  # the params stacked over layers; the others are read once per token
+
+
 def unstack_layers(params: Params) -> Params:
     """`params` with the stacked layer weights as one tree per layer. The sampler calls this once,
     outside its decode loop: XLA:CPU copies a layer's slice of a stack at every step otherwise (a
     quarter of a batch-16 decode step)."""
     return {name: [jax.tree.map(lambda a: a[i], tree) for i in range(jax.tree.leaves(tree)[0].shape[0])]
-            if name in ("layers", "mlp", "moe") else tree for name, tree in params.items()}
+            if name in LAYER_STACKS else tree for name, tree in params.items()}
 
 
-def _unrolled(cfg) -> bool:
-    """Whether the layers without a KV cache run unrolled (`ModelConfig.layer_loop`; the module docstring)."""
+def layers_unrolled(cfg: ModelConfig) -> bool:
+    """Whether the layers run unrolled rather than scanned (`ModelConfig.layer_loop`; the module
+    docstring): the KV cache's layout (`cache_specs`) and the sampler's weight handling follow it."""
     return cfg.layer_loop == "unrolled" or (cfg.layer_loop == "auto" and jax.default_backend() == "cpu")
 
 
@@ -410,12 +430,12 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
     else:
         k_segment_ids = segment_ids
 
-    def layer(x, kv, lp, mp, replay, shared, is_moe):
+    def layer(x, kv, i, lp, mp, replay, shared, is_moe):
         lp, mp = cast(lp), cast(mp)
         if shared is not None:  # this layer's prefix, once per group: each row of the group reads it
             shared = tuple(jnp.repeat(a, group, axis=0) for a in shared)
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index, shared)
+        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index, shared, i)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if is_moe:
@@ -424,7 +444,9 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
             m, routing = _mlp(mp, h), None
         return _constrain(x + m, ("batch", "seq", "embed")), kv, (routing, own if emit_kv else None)
 
-    kv, routing, emitted = [], [], []
+    per_layer = cache is not None and isinstance(cache["k"], list)  # unrolled over one buffer per layer
+    kv = [] if per_layer else None if cache is None else (cache["k"], cache["v"])  # else stacked, carried
+    routing, emitted = [], []
     for is_moe, start, stop, kind_start in _runs(cfg):  # per run of layers of one kind: a scan, or unrolled
         kind = slice(kind_start, kind_start + stop - start)
         replay = routes[kind] if is_moe and routes is not None else None
@@ -432,20 +454,25 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
         body = functools.partial(layer, is_moe=is_moe)
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
-        if cache is None:
-            layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
-            mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
-            x, (ys, own) = jax.lax.scan(lambda x, xs: body(x, None, *xs)[::2], x, (layer_p, mlp_p, replay, shared),
-                                        unroll=_unrolled(cfg))
-        else:  # unrolled over the per-layer cache buffers (see the module docstring)
+        if per_layer:
             outs = []
             for j in range(stop - start):
                 lp, mp = _layer(params["layers"], start + j), _layer(params["moe" if is_moe else "mlp"], kind_start + j)
                 rp = None if replay is None else replay[j]
-                x, layer_kv, out = body(x, (cache["k"][start + j], cache["v"][start + j]), lp, mp, rp, None)
+                x, layer_kv, out = body(x, (cache["k"][start + j], cache["v"][start + j]), None, lp, mp, rp, None)
                 kv.append(layer_kv)
                 outs.append(out)
             ys, own = jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        else:  # a stacked cache's layer index i is a scan input; without a cache it goes unused
+            layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
+            mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
+
+            def scanned(carry, xs, body=body):
+                x, kv, out = body(*carry, *xs)
+                return (x, kv), out
+
+            xs = (jnp.arange(start, stop), layer_p, mlp_p, replay, shared)
+            (x, kv), (ys, own) = jax.lax.scan(scanned, (x, kv), xs, unroll=layers_unrolled(cfg))
         if is_moe:
             routing.append(ys)
         emitted.append(own)
@@ -457,7 +484,8 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
     if emit_kv:
         aux["kv"] = tuple(jnp.concatenate([e[j] for e in emitted]) for j in range(2))
     if cache is not None:
-        new_cache = {"k": [k for k, _ in kv], "v": [v for _, v in kv], "segment_ids": k_segment_ids}
+        k, v = ([k for k, _ in kv], [v for _, v in kv]) if per_layer else kv
+        new_cache = {"k": k, "v": v, "segment_ids": k_segment_ids}
         if "routes" in cache:  # every token's experts, recorded as it is run (routing replay R3)
             new_cache["routes"] = jax.lax.dynamic_update_slice_in_dim(cache["routes"], aux["routes"], index, axis=2)
         cache = new_cache
