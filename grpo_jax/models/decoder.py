@@ -9,10 +9,10 @@ and on a mesh each layer's weights are gathered inside the loop, one layer at a 
 ("unrolled"). "auto", the default, unrolls on CPU and scans on TPU and GPU. Without a KV cache
 (training, scoring) unrolling spares the backward its stacked residuals: on CPU the update ran
 1.04-1.12x faster across the issue-17 sweep, the forward 0.89-0.98x. With a cache (sampling) the
-scan carries the cache stacked over layers, which XLA:CPU copies a layer's slice out of before
-attending to it (47 of 110 ms of a decode step over 520 slots), so unrolled decoding keeps one cache
-buffer per layer instead (bench/README.md). The trade was measured on CPU only; "auto" keeps the
-scan on accelerators for its flat programs and per-layer gathers (bench/scale_plan.py).
+scan carries it stacked over layers, and XLA:CPU copies each layer's slice out of the stack before
+attending to it (47 of 110 ms of a decode step over 520 slots), so unrolled decoding keeps one
+cache buffer per layer instead (bench/README.md). The trade was measured on CPU only; "auto" keeps
+the scan on accelerators for its flat programs and per-layer gathers (bench/scale_plan.py).
 """
 
 import functools
