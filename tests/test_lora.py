@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from grpo_jax import checkpoint, lora, models, run, sharding, trainer
-from grpo_jax.config import MeshConfig
+from grpo_jax import checkpoint, lora, models, run, sampling, sharding, trainer
+from grpo_jax.config import MeshConfig, SamplingConfig
 
 from test_trainer import MODEL, config
 
@@ -158,3 +158,24 @@ def test_a_lora_run_resumes_exactly(lora_run):
     for a, b in zip(jax.tree.leaves(result["params"]), jax.tree.leaves(resumed["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed["last_eval"] == result["last_eval"]
+
+
+@pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
+def test_sampling_a_lora_policy_on_a_mesh_equals_one_device(layer_loop):
+    """The sampler over base weights with adapters attached, on a data x fsdp x tensor mesh, samples what
+    one device does, under either layer loop: unrolled, the sampler gathers the weights a param spec
+    names once and leaves a LoRA weight's base and adapters in their layout; scanned, every layer's
+    weights are sliced and gathered inside the layer scan."""
+    cfg = dataclasses.replace(QWEN2, layer_loop=layer_loop, eos_token_id=3)
+    base, adapters = models.init(cfg, jax.random.key(0)), random_adapters(cfg, LORA)
+    scfg = SamplingConfig(max_prompt_len=6, max_new_tokens=40, group_size=2)
+    prompts = sampling.pad_prompts([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], scfg)
+    one_device = dataclasses.replace(cfg, layer_loop="unrolled")
+    want = sampling.generate(one_device, lora.attach(base, adapters, LORA), prompts, jax.random.key(4), scfg)
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    placed = jax.device_put(adapters, sharding.spec_shardings(lora.specs(cfg, LORA), mesh))
+    policy = lora.attach(sharding.shard_params(base, cfg, mesh), placed, LORA)
+    got = sampling.generate(cfg, policy, prompts, jax.random.key(4), scfg, mesh)
+    assert len(set(np.asarray(want.lengths).tolist())) > 1  # rows stop at different steps
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
