@@ -17,10 +17,11 @@ sections not run keep what the results file already holds):
   train      the on-policy GSPO update (fwd + bwd + AdamW, one micro-batch) of a random Qwen3-0.6B
              (float32 params, bfloat16 compute), and the forward of its tokens (what l^old costs):
              model FLOPs (bench/roofline.py: no attention halving, no recompute) over the bf16 peak;
-             16 rows as run (log-probs chunked, and by the Triton kernels), and 64 rows under
-             remat="full" (its recompute is not counted).
-  decode     greedy decoding (ignore_eos) in bfloat16: bytes each step must read (every weight once,
-             the KV cache of every row at the step's context) over time, against the copy bandwidth.
+             16 rows as run (the layer scan, log-probs chunked), unrolled, and by the Triton kernels,
+             and 64 rows under remat="full" (its recompute is not counted).
+  decode     greedy decoding (ignore_eos) in bfloat16 under the layer scan and unrolled: bytes each
+             step must read (every weight once, the KV cache of every row at the step's context) over
+             time, against the copy bandwidth.
 Times are medians after a warm-up; "compile_s" is the first call less the median.
 """
 
@@ -196,26 +197,29 @@ def _train(a: argparse.Namespace, shape: tuple, run_fields: dict, peak_tflops: f
 
 
 def decode(a: argparse.Namespace, copy_gbps: float) -> list:
-    mcfg = models.ModelConfig(**dict(a.model, dtype="bfloat16", compute_dtype="bfloat16"))
+    return [_decode(a, layer_loop, rows, copy_gbps) for layer_loop in ("scan", "unrolled") for rows in a.decode_rows]
+
+
+def _decode(a: argparse.Namespace, layer_loop: str, rows: int, copy_gbps: float) -> dict:
+    """Under the layer scan (`auto` on a GPU: a KV cache stacked over layers) or unrolled (one buffer per
+    layer, what CPU runs)."""
+    mcfg = models.ModelConfig(**dict(a.model, dtype="bfloat16", compute_dtype="bfloat16", layer_loop=layer_loop))
     params = models.init(mcfg, jax.random.key(0))
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    out = []
-    for rows in a.decode_rows:
-        prompt_len, new = a.decode_shape
-        greedy = SamplingConfig(max_prompt_len=prompt_len, max_new_tokens=new, group_size=1, greedy=True,
-                                ignore_eos=True, cache_segments=1)
-        ids = np.random.default_rng(rows).integers(3, mcfg.vocab_size, (rows, prompt_len))
-        prompts = sampling.pad_prompts(ids.tolist(), greedy)
-        t = timed(lambda: jax.block_until_ready(sampling.generate(mcfg, params, prompts, jax.random.key(0), greedy)),  # noqa: B023
-                  a.reps)
-        # cache_segments=1: every step attends over the whole prompt_len + new slot cache
-        kv_bytes = rows * mcfg.num_layers * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * (prompt_len + new)
-        step_s = t["median_s"] / new
-        out.append(dict(rows=rows, prompt_len=prompt_len, new=new, **t, step_ms=step_s * 1e3,
-                        tokens_per_s=rows * new / t["median_s"], param_gb=param_bytes / 1e9, kv_gb=kv_bytes / 1e9,
-                        gbps=(param_bytes + kv_bytes) / step_s / 1e9, copy_gbps=copy_gbps,
-                        bandwidth_frac=(param_bytes + kv_bytes) / step_s / 1e9 / copy_gbps))
-        print(f"  decode {out[-1]}", flush=True)
+    prompt_len, new = a.decode_shape
+    greedy = SamplingConfig(max_prompt_len=prompt_len, max_new_tokens=new, group_size=1, greedy=True,
+                            ignore_eos=True, cache_segments=1)
+    ids = np.random.default_rng(rows).integers(3, mcfg.vocab_size, (rows, prompt_len))
+    prompts = sampling.pad_prompts(ids.tolist(), greedy)
+    t = timed(lambda: jax.block_until_ready(sampling.generate(mcfg, params, prompts, jax.random.key(0), greedy)), a.reps)
+    # cache_segments=1: every step attends over the whole prompt_len + new slot cache
+    kv_bytes = rows * mcfg.num_layers * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * (prompt_len + new)
+    step_s = t["median_s"] / new
+    out = dict(layer_loop=layer_loop, rows=rows, prompt_len=prompt_len, new=new, **t, step_ms=step_s * 1e3,
+               tokens_per_s=rows * new / t["median_s"], param_gb=param_bytes / 1e9, kv_gb=kv_bytes / 1e9,
+               gbps=(param_bytes + kv_bytes) / step_s / 1e9, copy_gbps=copy_gbps,
+               bandwidth_frac=(param_bytes + kv_bytes) / step_s / 1e9 / copy_gbps)
+    print(f"  decode {out}", flush=True)
     return out
 
 
@@ -234,8 +238,9 @@ def main():
     a.model = QWEN3_06B if big else TOY
     # (prompts, group, prompt_len, new), ModelConfig run fields: 32 rows of 512 tokens without remat need
     # ~75 GiB (OOM on an H100)
-    a.train_runs = ([((2, 8, 64, 448), {}), ((2, 8, 64, 448), dict(logprobs_impl="pallas")),
-                     ((8, 8, 64, 448), dict(remat="full"))] if big else [((2, 2, 4, 8), {})])
+    a.train_runs = ([((2, 8, 64, 448), {}), ((2, 8, 64, 448), dict(layer_loop="unrolled")),
+                     ((2, 8, 64, 448), dict(logprobs_impl="pallas")), ((8, 8, 64, 448), dict(remat="full"))]
+                    if big else [((2, 2, 4, 8), {}), ((2, 2, 4, 8), dict(layer_loop="unrolled"))])
     a.decode_shape = (64, 256) if big else (4, 8)
     a.decode_rows = (64, 256) if big else (4,)
     run = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
