@@ -19,7 +19,7 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-LAYER_LOOPS = ("auto", "scan", "unrolled")  # auto: unrolled on CPU, scan on accelerators (decoder docstring)
+LAYER_LOOPS = ("auto", "scan", "unrolled")  # auto: unrolled on CPU (training under remat: scan), scan elsewhere
 RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl", "layer_loop")  # how, not what
 
 

@@ -6,7 +6,8 @@ padding (segment 0) and packing (several segment ids in one row) need nothing sp
 the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig.layer_loop` runs
 them under one `jax.lax.scan` ("scan": the program's size and compile time do not grow with depth,
 and on a mesh each layer's weights are gathered inside the loop, one layer at a time) or unrolled
-("unrolled"). "auto", the default, unrolls on CPU and scans on TPU and GPU. Without a KV cache
+("unrolled"). "auto", the default, unrolls on CPU (but scans training under remat, whose saving
+unrolling undoes) and scans on TPU and GPU. Without a KV cache
 (training, scoring) unrolling spares the backward its stacked residuals: on CPU the update ran
 1.04-1.12x faster across the issue-17 sweep, the forward 0.89-0.98x. With a cache (sampling) the
 scan carries it stacked over layers, and XLA:CPU copies each layer's slice out of the stack before
@@ -400,10 +401,15 @@ def unstack_layers(params: Params) -> Params:
             if name in LAYER_STACKS else tree for name, tree in params.items()}
 
 
-def layers_unrolled(cfg: ModelConfig) -> bool:
+def layers_unrolled(cfg: ModelConfig, cache: bool = True) -> bool:
     """Whether the layers run unrolled rather than scanned (`ModelConfig.layer_loop`; the module
-    docstring): the KV cache's layout (`cache_specs`) and the sampler's weight handling follow it."""
-    return cfg.layer_loop == "unrolled" or (cfg.layer_loop == "auto" and jax.default_backend() == "cpu")
+    docstring): the KV cache's layout (`cache_specs`) and the sampler's weight handling follow it.
+    "auto" unrolls on CPU, except the layers without a cache under remat: unrolled, XLA:CPU keeps what
+    remat would free (the issue-17 update's temporaries under remat="full": 1084 MiB unrolled, 365
+    scanned, 1191 unrolled without remat; bench/README.md)."""
+    if cfg.layer_loop != "auto":
+        return cfg.layer_loop == "unrolled"
+    return jax.default_backend() == "cpu" and (cache or cfg.remat == "none")
 
 
 def _layer(stack, i: int):
@@ -472,7 +478,7 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
                 return (x, kv), out
 
             xs = (jnp.arange(start, stop), layer_p, mlp_p, replay, shared)
-            (x, kv), (ys, own) = jax.lax.scan(scanned, (x, kv), xs, unroll=layers_unrolled(cfg))
+            (x, kv), (ys, own) = jax.lax.scan(scanned, (x, kv), xs, unroll=layers_unrolled(cfg, cache is not None))
         if is_moe:
             routing.append(ys)
         emitted.append(own)
