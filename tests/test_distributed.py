@@ -174,7 +174,7 @@ distributed.initialize(parser, parser.parse_args())
 with run.Interrupts() as interrupts:
     if jax.process_index() == 1:
         os.kill(os.getpid(), signal.SIGTERM)  # handled: the run would finish its step
-    print("stop", interrupts.requested(), interrupts.signum)
+    print(f"stop {interrupts.requested()} {interrupts.signum}", flush=True)  # one write: gloo logs to the same file
 """
 
 
