@@ -7,13 +7,14 @@ the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig
 them under one `jax.lax.scan` ("scan": the program's size and compile time do not grow with depth,
 and on a mesh each layer's weights are gathered inside the loop, one layer at a time) or unrolled
 ("unrolled"). "auto", the default, unrolls on CPU (but scans training under remat, whose saving
-unrolling undoes) and scans on TPU and GPU. Without a KV cache
-(training, scoring) unrolling spares the backward its stacked residuals: on CPU the update ran
-1.04-1.12x faster across the issue-17 sweep, the forward 0.89-0.98x. With a cache (sampling) the
-scan carries it stacked over layers, and XLA:CPU copies each layer's slice out of the stack before
-attending to it (47 of 110 ms of a decode step over 520 slots), so unrolled decoding keeps one
-cache buffer per layer instead (bench/README.md). The trade was measured on CPU only; "auto" keeps
-the scan on accelerators for its flat programs and per-layer gathers (bench/scale_plan.py).
+unrolling undoes) and scans on TPU and GPU. Without a KV cache (training, scoring) unrolling spares
+the backward its stacked residuals: on CPU the update ran 1.04-1.12x faster across the issue-17
+sweep, the forward 0.89-0.98x. With a cache (sampling) the scan carries it stacked over layers, and
+XLA:CPU copies each layer's slice out of the stack before attending to it (47 of 110 ms of a decode
+step over 520 slots), so unrolled decoding keeps one cache buffer per layer instead. Speed was
+measured on CPU only; on accelerators "auto" keeps the scan for its flat programs and its memory (in
+the plan of bench/scale_plan.py unrolled layers need 3-6x the train step's temporaries and 1.2-5x
+the sampler's; bench/README.md).
 """
 
 import functools
