@@ -9,6 +9,7 @@
     prefix_hidden, hidden = forward_shared_prefix(cfg, params, prefix_tokens, prefix_positions,
         prefix_segment_ids, tokens, positions, segment_ids)  # each prefix once for its G rows
     w = unembedding(cfg, params)                              # [d, V]; logits = hidden @ w
+    logits = unembed(cfg, params, hidden)                     # float32, split over vocab on a mesh
     logits(cfg, params, tokens, positions=None, segment_ids=None)            # [B, S, V] float32
 
 Segment ids: 0 = padding (never attended to); tokens attend causally within their own segment id,
@@ -60,6 +61,7 @@ from grpo_jax.models.decoder import (
     param_specs,
     positions_from_segments,
     repeat_cache,
+    unembed,
     unembedding,
     unstack_layers,
 )
@@ -87,6 +89,7 @@ __all__ = [
     "positions_from_segments",
     "repeat_cache",
     "save_hf",
+    "unembed",
     "unembedding",
     "unstack_layers",
 ]
