@@ -55,9 +55,8 @@ class SamplingConfig:
     # evaluation of a fixed length). The eos a row emits stays in its completion and mask.
     ignore_eos: bool = False
     # The KV cache grows in up to this many equal segments of at least 32 new tokens, so that a decode
-    # step attends to about the slots written so far rather than to the final length (bench/README.md:
-    # 1.7x faster decoding at 128 new tokens). Each segment compiles its own decode loop; 1: the
-    # whole cache up front.
+    # step attends to about the slots written so far rather than to the final length (measured by
+    # bench/cache_segments.py). Each segment compiles its own decode loop; 1: the whole cache up front.
     cache_segments: int = 4
 
     def __post_init__(self):

@@ -1,17 +1,18 @@
 """On CPU, keep freed host memory in the process, so XLA:CPU reuses its per-call temporary buffer.
 
-XLA:CPU allocates each program's temporaries as one block per call (the issue-17 update: 1.6 GB).
-glibc serves a block that large with mmap from a thread's arena and unmaps it on free, so every call
-page-faults the whole buffer in again: ~400k faults, 1.1-1.4 s of system CPU per update on 2 cores,
-11-13% of an RL step (bench/README.md, `host_memory.py`). With one arena, no mmap and no trimming, a
-freed block stays in the heap and the next call reuses it.
+XLA:CPU allocates each program's temporaries as one block per call (for a train update, typically
+well above glibc's mmap threshold). glibc serves a block that large with mmap from a thread's arena
+and unmaps it on free, so every call page-faults the whole buffer in again: system CPU time on every
+call, in proportion to the buffer's pages, a noticeable share of an RL step (measured by
+bench/host_memory.py). With one arena, no mmap and no trimming, a freed block stays in the heap and
+the next call reuses it.
 
-The price is compile time: XLA's compiler threads then share one arena's lock (+15-40% compile on these
-2 cores), which the persistent compilation cache pays once per shape. TPU and GPU keep their buffers
-on the device and would pay only that price, so it applies only where JAX can run on nothing but the
-CPU. Every entry point calls it first (`distributed.initialize`): each thread binds to an arena at its
-first malloc, so it must come before jax starts its threads. `GRPO_JAX_KEEP_FREED_MEMORY=0` leaves
-glibc's defaults.
+The price is compile time: XLA's compiler threads then share one arena's lock, so compiles run
+slower (also measured by bench/host_memory.py), which the persistent compilation cache pays once per
+shape. TPU and GPU keep their buffers on the device and would pay only that price, so it applies
+only where JAX can run on nothing but the CPU. Every entry point calls it first
+(`distributed.initialize`): each thread binds to an arena at its first malloc, so it must come
+before jax starts its threads. `GRPO_JAX_KEEP_FREED_MEMORY=0` leaves glibc's defaults.
 """
 
 import ctypes

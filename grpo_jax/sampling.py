@@ -139,7 +139,8 @@ def _inverse_cdf(weights: Float[Array, "batch vocab"], uniform: Float[Array, "ba
 def _argmax(x: Float[Array, "batch vocab"]) -> Int[Array, "batch"]:
     """`jnp.argmax(x, -1)` (first maximum, NaN counts as one) in two levels: the first block of 128 holding
     the maximum, then the first maximum inside it. XLA:CPU vectorizes the blocks' max but not argmax's
-    reduce of (value, index) pairs: 43 ms against 6 ms on [128, 151936], 30% of greedy decoding there.
+    reduce of (value, index) pairs, which at a large vocabulary is a large share of greedy decoding
+    (bench/README.md: "Greedy decoding: argmax in two levels").
 
     The last vocab % 128 entries are one more block, read back as the last 128 entries: the entries it
     shares with the block before are then below its maximum, or that block would have been first.
@@ -307,11 +308,11 @@ def decode_step(
 def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
     """The weights the decode loops read, cast to the compute dtype and, on a mesh, gathered over fsdp
     once, before the prefill: XLA hoists a loop's cast and gathers of a loop-invariant weight out of it,
-    a copy per decode loop (4 loops of a growing cache: 37 GiB a device for Qwen3-1.7B on 8 devices,
-    unrolled). Unrolled, every weight is loop-invariant, then sliced per layer
-    (`models.unstack_layers`); under the layer scan only those outside the layer stacks are (the
-    embeddings; cast before the gather: 10.3 against 11.5 GiB for Qwen3-1.7B on 8 devices), each
-    layer's weights being sliced, cast and gathered inside the scan."""
+    a copy per decode loop (one loop per segment of a growing cache: unrolled, a copy of every weight
+    per segment, measured by the memory plan of bench/scale_plan.py). Unrolled, every weight is
+    loop-invariant, then sliced per layer (`models.unstack_layers`); under the layer scan only those
+    outside the layer stacks are (the embeddings; cast before the gather, so the gathered copy is in
+    the compute dtype), each layer's weights being sliced, cast and gathered inside the scan."""
     unrolled = models.layers_unrolled(cfg)
     once = {name: tree for name, tree in params.items() if unrolled or name not in models.LAYER_STACKS}
     once = jax.tree.map(lambda a: a.astype(cfg.jnp_compute_dtype), once)

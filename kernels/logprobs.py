@@ -256,7 +256,8 @@ def _chunked_backward(plan, hidden, unembed, targets, mask, lse, ez, g_logp, g_e
     """Outer loop over vocabulary chunks (each gradient chunk of unembed is summed over all
     tokens in float32 and written once), inner loop over token chunks. d unembed is formed as
     [d, tv] = h^T @ dz from hidden chunks transposed once up front (O(N d)): XLA:CPU runs a dot
-    that contracts its operands' leading axes (h^T @ dz from h) about 20% slower."""
+    that contracts its operands' leading axes (h^T @ dz from h) slower (bench/README.md,
+    `logprobs.py`)."""
     tn, tv, nt = _tiles(plan, hidden, unembed)
     per_row = [targets, mask, lse, ez, g_logp] + ([g_ent] if g_ent is not None else [])
     rows = _rows(tn, nt, hidden, *(a[:, None] for a in per_row))

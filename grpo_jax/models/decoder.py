@@ -114,7 +114,7 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
     """A from-scratch model: N(0, 0.02) matrices, unit norm scales, zero biases, in `cfg.dtype`.
 
     All matrices come from one normal draw, sliced: XLA compiles one RNG kernel instead of one per
-    parameter shape (seconds each on CPU)."""
+    parameter shape (each a slow compile on CPU)."""
     leaves, treedef = jax.tree.flatten_with_path(param_specs(cfg), is_leaf=is_spec)
     names = [path[-1].key for path, _ in leaves]
     random = [not n.endswith(("norm", "bias")) for n in names]
@@ -181,7 +181,7 @@ def _xla_attention(q, k, v, mask):
 
     Keys come as [B, K, H, S] and values as [B, K, S, H], the cache layout: per (row, kv head) both
     products are plain [G*T, H] @ [H, S] and [G*T, S] @ [S, H] matmuls on the cache as it lies. The
-    keys' transposed layout matters for decoding (T = 1): XLA:CPU's batched matmul is ~2x faster with
+    keys' transposed layout matters for decoding (T = 1): XLA:CPU's batched matmul is much faster with
     the contracted axis leading, and [B, S, K, H] would need the whole cache transposed each step."""
     b, t, n, hd = q.shape
     kv, g = k.shape[1], n // k.shape[1]
@@ -397,7 +397,7 @@ LAYER_STACKS = ("layers", "mlp", "moe")  # the params stacked over layers; the o
 def unstack_layers(params: Params) -> Params:
     """`params` with the stacked layer weights as one tree per layer. The sampler calls this once,
     outside its decode loop: XLA:CPU copies a layer's slice of a stack at every step otherwise (a
-    quarter of a batch-16 decode step)."""
+    large share of a decode step; bench/README.md: Sampler)."""
     return {name: [jax.tree.map(lambda a: a[i], tree) for i in range(jax.tree.leaves(tree)[0].shape[0])]
             if name in LAYER_STACKS else tree for name, tree in params.items()}
 
@@ -591,7 +591,8 @@ def unembedding(cfg: ModelConfig, params: Params) -> Float[Array, "embed vocab"]
 def unembed(cfg: ModelConfig, params: Params, hidden: Float[Array, "batch *seq embed"]) -> Float[Array, "batch *seq vocab"]:
     """Float32 logits of final hidden states, split over vocab as the unembedding is when traced with a
     mesh: asked for whole rows at once, XLA gathered the [d, V] weight over tensor in every decode loop
-    (2.3 GiB each for Qwen3-8B) rather than the sampler's [rows, V] logits of a step."""
+    (a whole copy of it per loop, in the memory plan of bench/scale_plan.py) rather than the sampler's
+    [rows, V] logits of a step."""
     w = unembedding(cfg, params).astype(hidden.dtype)
     out = jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
     return _constrain(out, ("batch", *("seq",) * (out.ndim - 2), "vocab"))

@@ -2,8 +2,8 @@
 
 Numbers are compared exactly (as fractions) first, so "1/2", "0.5", "\\frac{1}{2}" and "1,234" need
 no symbolic machinery; anything else goes to math-verify (sympy) for symbolic equivalence, imported
-only then (~170 MB and ~0.6 s: a regex reward never pays for it). These functions have no timeout of
-their own: they run inside the reward worker processes, which do.
+only then (sympy is a heavy import, in memory and time: a regex reward never pays for it). These
+functions have no timeout of their own: they run inside the reward worker processes, which do.
 """
 
 import ast
