@@ -1,19 +1,17 @@
 """Decoding with the KV cache grown by segments (`SamplingConfig.cache_segments`) against the whole
-cache allocated up front, on the issue-17 model (bench/sweep.py's base: Qwen3, d 256, 4 layers, vocab
-4096), greedy, every row to max_new_tokens (ignore_eos), 9-token prompts.
+cache allocated up front, on the RL-step workload's model (bench/sweep.py's base: Qwen3, d 256, 4 layers,
+vocab 4096), greedy, every row to max_new_tokens (ignore_eos), 9-token prompts.
 
 Per (rows, new tokens, segments): the sampler's compile time (lower + compile, no persistent cache)
 and the median of --reps generate calls after a warm-up, the segment settings interleaved.
 
-    python bench/cache_segments.py        # writes bench/results/cache_segments.json (~6 min idle)
+    python -m bench.cache_segments        # writes bench/results/cache_segments.json (~6 min idle)
 """
 
 import argparse
 import dataclasses
 import json
 import os
-import pathlib
-import sys
 import tempfile
 import time
 
@@ -22,13 +20,12 @@ import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from sweep import BASE, hf_config, median_times  # noqa: E402
+from bench.common import RESULTS, median_times
+from bench.sweep import BASE, hf_config
+from grpo_jax import models, sampling
+from grpo_jax.config import SamplingConfig
 
-from grpo_jax import models, sampling  # noqa: E402
-from grpo_jax.config import SamplingConfig  # noqa: E402
-
-OUT = pathlib.Path(__file__).parent / "results" / "cache_segments.json"
+OUT = RESULTS / "cache_segments.json"
 
 
 def measure(cfg, params, rows: int, new: int, segments: tuple[int, ...], reps: int) -> list[dict]:
@@ -51,7 +48,7 @@ def measure(cfg, params, rows: int, new: int, segments: tuple[int, ...], reps: i
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--news", type=int, nargs="+", default=[64, 128, 512])
     parser.add_argument("--segments", type=int, nargs="+", default=[1, 4])

@@ -4,22 +4,23 @@ up front (cache_segments=1) and grown in 4 segments (the default), under both la
 default on CPU: one cache buffer per layer) both grow with depth; scanned (the default on TPU and GPU: a
 cache stacked over layers) neither does. Each segment is one more decode loop.
 
-    python bench/decode_depth.py        # writes bench/results/decode_depth.json (~3 min)
+    python -m bench.decode_depth        # writes bench/results/decode_depth.json (~3 min)
 """
 
+import argparse
 import dataclasses
 import json
 import os
-import pathlib
 import time
 
 import jax
 import jax.numpy as jnp
 
+from bench.common import RESULTS
 from grpo_jax import models, sampling
 from grpo_jax.config import SamplingConfig
 
-OUT = pathlib.Path(__file__).parent / "results" / "decode_depth.json"
+OUT = RESULTS / "decode_depth.json"
 MODEL = models.ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8, eos_token_id=1)
 SAMPLING = SamplingConfig(max_prompt_len=8, max_new_tokens=128, group_size=2)
@@ -41,6 +42,7 @@ def measure(layer_loop: str, layers: int, segments: int) -> dict:
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     results = dict(load_average_start=os.getloadavg(), depths=[measure(loop, n, k) for loop in LOOPS for n in DEPTHS
                                                                   for k in SEGMENTS])
     results["load_average_end"] = os.getloadavg()
@@ -48,7 +50,6 @@ def main():
     for r in results["depths"]:
         print(f"{r['layer_loop']:>9}{r['layers']:>7}{r['cache_segments']:>10}{r['lowered_lines']:>15}{r['compiled_lines']:>16}{r['lower_s']:>9.2f}{r['compile_s']:>11.2f}")
     print(f"load average {results['load_average_start']} -> {results['load_average_end']}")
-    OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT}")
 

@@ -1,6 +1,6 @@
-"""The first RL step of a fresh process (compiling) on the issue-17 workload, cold and warm.
+"""The first RL step of a fresh process (compiling) on the RL-step workload, cold and warm.
 
-    python bench/first_step.py [--workload issue17|quickstart]
+    python -m bench.first_step [--config experiments/configs/quickstart.py]
 
 Three fresh processes, one after the other, each building `trainer.Trainer` and running two steps of
 the host loop: without the persistent compilation cache (`train.compilation_cache_dir=""`), with an
@@ -8,7 +8,7 @@ empty cache directory (cold: a new user's first run, every program compiled and 
 with that directory (warm: a rerun, a resume, or any run of the same shapes). compile s = first step
 - second step. Programs are counted from JAX's compile log (`jax_log_compiles`) up to the end of the
 first step: each program XLA compiled or loaded from the cache (hits), and the seconds that took.
-Writes bench/results/first_step_<workload>.json.
+Writes bench/results/first_step[_<config>].json.
 """
 
 import argparse
@@ -18,12 +18,11 @@ import logging
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).parents[1]
+from bench.common import RESULTS, measured_process
 
 
 class CompileLog(logging.Handler):
@@ -42,7 +41,7 @@ class CompileLog(logging.Handler):
             self.hits += 1
 
 
-def child(workload: str, cache_dir: str) -> dict:
+def child(config: str | None, cache_dir: str) -> dict:
     """One fresh process: Trainer() and two steps, timed."""
     start = time.perf_counter()
     from grpo_jax import host_memory
@@ -57,12 +56,10 @@ def child(workload: str, cache_dir: str) -> dict:
         logger.addHandler(log)
         logger.setLevel(logging.DEBUG)
         logger.propagate = False
-    sys.path.insert(0, str(ROOT / "bench"))
-    from rl_step import get_config
-
+    from bench import workload
     from grpo_jax import run, trainer
 
-    cfg = get_config(workload)
+    cfg = workload.config(config)
     used = run.use_compilation_cache(cache_dir)
     t0 = time.perf_counter()
     t = trainer.Trainer(cfg)
@@ -77,43 +74,33 @@ def child(workload: str, cache_dir: str) -> dict:
             "programs_to_first_step_end": programs}
 
 
-def measured_process(argv: list[str], env: dict, name: str) -> dict:
-    """Runs `python argv` (a bench script's --child) in a fresh process and returns the JSON it printed
-    after "RESULT "; exits with its output if it failed."""
-    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
-    if out.returncode:
-        sys.exit(f"{name}: the measured process failed\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
-
-
 def load() -> str:
     return pathlib.Path("/proc/loadavg").read_text().split()[0]
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", choices=("issue17", "quickstart"), default="issue17")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="an experiments config file (default: the RL-step workload)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the cache directory of one measured process
     args = parser.parse_args()
     if args.child is not None:
-        print("RESULT " + json.dumps(child(args.workload, args.child)))
+        print("RESULT " + json.dumps(child(args.config, args.child)))
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE") and k != "JAX_COMPILATION_CACHE_DIR"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     rows = []
     with tempfile.TemporaryDirectory(prefix="first_step_xla_") as cache:
         for name, cache_dir in (("no cache", ""), ("cache cold (empty)", cache), ("cache warm (rerun)", cache)):
             before = load()
-            result = measured_process([__file__, "--workload", args.workload, "--child", cache_dir], env, name)
+            config = ["--config", args.config] if args.config else []
+            result = measured_process("bench.first_step", [*config, "--child", cache_dir], env, name)
             rows.append({"run": name, **result, "load_before": before, "load_after": load()})
             print(f"{name}: first step {result['first_step_s']:.1f} s (load {before} -> {rows[-1]['load_after']})",
                   flush=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python bench/first_step.py --workload {args.workload}",
-        "workload": args.workload, "rows": rows,
+        "command": "python -m bench.first_step " + " ".join(sys.argv[1:]), "config": args.config, "rows": rows,
     }
-    path = ROOT / "bench" / "results" / f"first_step_{args.workload}.json"
+    path = RESULTS / ("first_step" + (f"_{pathlib.Path(args.config).stem}" if args.config else "") + ".json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{'run':20s}{'init s':>8s}{'first s':>9s}{'second s':>10s}{'compile s':>11s}{'programs':>10s}"
           f"{'XLA s':>7s}{'hits':>6s}{'load':>12s}")

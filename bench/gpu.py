@@ -1,8 +1,8 @@
 """One pass on a GPU: its two ceilings, the Pallas kernels checked and timed on the device, and the train
 step's model FLOPs utilisation (MFU) and greedy decoding's bandwidth fraction on a Qwen3-0.6B shape.
 
-    python bench/gpu.py                 # ~4 min on one H100 (compiles included); writes bench/results/gpu.json
-    python bench/gpu.py --smoke         # every section at toy shapes (a CPU check of the script)
+    python -m bench.gpu                 # ~4 min on one H100 (compiles included); writes bench/results/gpu.json
+    python -m bench.gpu --smoke         # every section at toy shapes (a CPU check of the script)
 
 Sections, each recorded as it ends with its own date (a failing one records its error and the next runs;
 sections not run keep what the results file already holds):
@@ -39,16 +39,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import logprobs as logprobs_bench  # noqa: E402
-import roofline  # noqa: E402
-from update_runs import update_runs  # noqa: E402
+from bench import logprobs as logprobs_bench
+from bench import roofline
+from bench.common import RESULTS, update_runs
+from grpo_jax import models, sampling
+from grpo_jax.config import SamplingConfig
+from kernels import fused_logprobs, logprobs_triton, ratio_clip
 
-from grpo_jax import models, sampling  # noqa: E402
-from grpo_jax.config import SamplingConfig  # noqa: E402
-from kernels import fused_logprobs, logprobs_triton, ratio_clip  # noqa: E402
-
-OUT = pathlib.Path(__file__).parent / "results" / "gpu.json"
+OUT = RESULTS / "gpu.json"
 QWEN3_06B = dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
                  num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, tie_word_embeddings=True)
 TOY = dict(QWEN3_06B, vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
@@ -244,7 +242,7 @@ def main():
     a.decode_shape = (64, 256) if big else (4, 8)
     a.decode_rows = (64, 256) if big else (4,)
     run = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               command="python bench/gpu.py " + " ".join(sys.argv[1:]), jax=jax.__version__,
+               command="python -m bench.gpu " + " ".join(sys.argv[1:]), jax=jax.__version__,
                device=f"{jax.default_backend()}: {jax.devices()[0].device_kind}")
     print(run["device"], flush=True)
     out = pathlib.Path(a.out)

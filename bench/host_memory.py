@@ -1,13 +1,14 @@
 """The host loop's RL step with freed host memory kept (grpo_jax.host_memory) and with glibc's defaults.
 
-    python bench/host_memory.py [--workload issue17|quickstart] [--rounds 2] [--steps 6]
+    python -m bench.host_memory [--config experiments/configs/quickstart.py] [--rounds 2] [--steps 6]
 
 Fresh processes alternate between GRPO_JAX_KEEP_FREED_MEMORY=1 (the default) and =0, `rounds` of each
 (the setting is per process and fixed before jax starts its threads); each runs `steps` steps of the
-host loop, without the persistent compilation cache (a Trainer alone opens none; run.train does), so
-the first step compiles every program (the setting's price: XLA's compiler threads share one arena).
-Per step: wall, generate and train seconds, user and system CPU seconds and minor page faults (getrusage). Medians over steps 2..N of every
-process of a setting, and the median first step. Writes bench/results/host_memory_<workload>.json.
+host loop on the RL-step workload (bench/workload.py), without the persistent compilation cache (a
+Trainer alone opens none; run.train does), so the first step compiles every program (the setting's
+price: XLA's compiler threads share one arena). Per step: wall, generate and train seconds, user and
+system CPU seconds and minor page faults (getrusage). Medians over steps 2..N of every process of a
+setting, and the median first step. Writes bench/results/host_memory[_<config>].json.
 """
 
 import argparse
@@ -20,20 +21,19 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.common import RESULTS, measured_process
 
-from first_step import measured_process  # noqa: E402
 FIELDS = ("step_s", "generate_s", "train_s", "user_s", "system_s", "page_faults")
 
 
-def child(workload: str, steps: int) -> dict:
-    from rl_step import get_config
-
-    from grpo_jax import host_memory, trainer
+def child(config: str | None, steps: int) -> dict:
+    from grpo_jax import host_memory
 
     host_memory.keep_freed_memory()  # GRPO_JAX_KEEP_FREED_MEMORY=0 turns it off
-    t = trainer.Trainer(get_config(workload))
+    from bench import workload
+    from grpo_jax import trainer
+
+    t = trainer.Trainer(workload.config(config))
     rows = []
     for _ in range(steps):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -46,22 +46,22 @@ def child(workload: str, steps: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", choices=("issue17", "quickstart"), default="issue17")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="an experiments config file (default: the RL-step workload)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.workload, args.steps)))
+        print("RESULT " + json.dumps(child(args.config, args.steps)))
         return
     runs = {"1": [], "0": []}
+    child_args = ["--child", "--steps", str(args.steps)] + (["--config", args.config] if args.config else [])
     for r in range(args.rounds):
         for keep in runs:
             env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"} | {
-                "GRPO_JAX_KEEP_FREED_MEMORY": keep, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-            runs[keep].append(measured_process([__file__, "--child", "--workload", args.workload, "--steps",
-                                                str(args.steps)], env, f"keep={keep}"))
+                "GRPO_JAX_KEEP_FREED_MEMORY": keep}
+            runs[keep].append(measured_process("bench.host_memory", child_args, env, f"keep={keep}"))
             print(f"round {r + 1}, keep {keep}: step {statistics.median(s['step_s'] for s in runs[keep][-1]['steps'][1:]):.2f} s",
                   flush=True)
     summary = {keep: {f: statistics.median(s[f] for run in rs for s in run["steps"][1:]) for f in FIELDS}
@@ -69,10 +69,10 @@ def main():
                   "max_rss_gib": max(run["max_rss_gib"] for run in rs)} for keep, rs in runs.items()}
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python bench/host_memory.py --workload {args.workload} --rounds {args.rounds} --steps {args.steps}",
+        "command": "python -m bench.host_memory " + " ".join(sys.argv[1:]), "config": args.config,
         "load_end": os.getloadavg(), "summary": summary, "runs": runs,
     }
-    path = ROOT / "bench" / "results" / f"host_memory_{args.workload}.json"
+    path = RESULTS / ("host_memory" + (f"_{pathlib.Path(args.config).stem}" if args.config else "") + ".json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{'freed memory':16s}" + "".join(f"{f:>13s}" for f in FIELDS) + f"{'first step s':>13s}{'max RSS GiB':>13s}")
     for keep, name in (("1", "kept (default)"), ("0", "returned")):

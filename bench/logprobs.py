@@ -3,7 +3,7 @@
 Peak temporary memory comes from the compiled executable's memory_analysis() (compiled, not run);
 time is the median wall time of the jitted forward + backward on this machine's default backend.
 
-    python bench/logprobs.py            # defaults below; writes bench/results/logprobs.json
+    python -m bench.logprobs            # defaults below; writes bench/results/logprobs.json
 """
 
 import argparse
@@ -17,6 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from bench.common import RESULTS
 from kernels import fused_logprobs
 
 
@@ -69,7 +70,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--token-tile", type=int, default=None, help="default: fused_logprobs'")
     parser.add_argument("--vocab-tile", type=int, default=None, help="default: fused_logprobs'")
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results/logprobs.json"))
+    parser.add_argument("--out", default=str(RESULTS / "logprobs.json"))
     args = parser.parse_args()
     tiles = dict(token_tile=args.token_tile, vocab_tile=args.vocab_tile)
     impls = ["naive", "chunked"] + (["pallas"] if jax.default_backend() in ("tpu", "gpu") else [])

@@ -1,12 +1,12 @@
 """Packing (train.packing): the train update over rows packed end to end against the padded rows, for
 completions whose lengths vary.
 
-    python bench/packing.py [--news 64 256] [--prompts 4] [--reps 3] [--moe]   # ~5 min on 2 busy cores
+    python -m bench.packing [--news 64 256] [--prompts 4] [--reps 3] [--moe]   # ~5 min on 2 busy cores
 
-The issue-17 model (Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 64, FFN 3d, tied,
-float32, random init; with --moe every layer a Qwen3-MoE block of 8 experts of FFN 192, top 2, run by
-the default dense reference, results in packing_moe.json); --prompts x 8 samples of 9-token prompts, GSPO, one micro-batch, one device. Synthetic
-rollouts per max_new_tokens and length distribution: "uniform" draws each completion's length uniformly in
+The RL-step workload's model (Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 64, FFN 3d,
+tied, float32, random init; with --moe every layer a Qwen3-MoE block of 8 experts of FFN 192, top 2,
+run by the default dense reference, results in packing_moe.json); --prompts x 8 samples of 9-token
+prompts, GSPO, one micro-batch, one device. Synthetic rollouts per max_new_tokens and length distribution: "uniform" draws each completion's length uniformly in
 [1, new], "skewed" from an exponential of mean new / 8 (most stop early, few run long), clipped to [1, new].
 Per case: the on-policy update (fwd + bwd + AdamW; MoE: given l^old) padded and packed, medians of --reps interleaved runs after
 a warm-up, the compiled update's temporary memory (memory_analysis, compiled, not run), the packed layout's
@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import pathlib
 import sys
 import time
 
@@ -27,15 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import roofline  # noqa: E402
-from prefix_grouper import MODEL, compare_updates  # noqa: E402
+from bench import roofline
+from bench.common import RESULTS, compare_updates
+from bench.prefix_grouper import MODEL
+from grpo_jax import algorithms, models, packing, sharding
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
 
-from grpo_jax import algorithms, models, packing, sharding  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
-from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
-
-RESULTS = pathlib.Path(__file__).parent / "results"
 GROUP, PROMPT_LEN = 8, 9
 MOE = dataclasses.replace(MODEL, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=192)
 
@@ -85,7 +82,7 @@ def measure(model: models.ModelConfig, new: int, dist: str, prompts: int, reps: 
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--news", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--dists", nargs="+", default=["uniform", "skewed"])
     parser.add_argument("--prompts", type=int, default=4)
@@ -94,7 +91,7 @@ def main():
     args = parser.parse_args()
     model, out = (MOE, RESULTS / "packing_moe.json") if args.moe else (MODEL, RESULTS / "packing.json")
     results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   command="python bench/packing.py " + " ".join(sys.argv[1:]), devices=jax.device_count(),
+                   command="python -m bench.packing " + " ".join(sys.argv[1:]), devices=jax.device_count(),
                    shape=dict(prompts=args.prompts, group=GROUP, prompt_len=PROMPT_LEN, model=dataclasses.asdict(model)),
                    load_start=roofline.load(), rows=[])
     print(results["load_start"])

@@ -1,6 +1,6 @@
-"""TRL's GRPOTrainer on the issue-17 workload (bench/issue17.py), for bench/rl_step.py's comparison.
+"""TRL's GRPOTrainer on the RL-step workload (bench/workload.py), for bench/rl_step.py's comparison.
 
-    /work/venvs/trl/bin/python bench/peer_trl.py [--steps 6]     # venv: bench/README.md, "Peers"
+    /work/venvs/trl/bin/python -m bench.peer_trl [--steps 6]     # venv: bench/README.md, "Peers"
 
 GSPO as TRL spells it (importance_sampling_level="sequence", epsilon 3e-4, epsilon_high 4e-4,
 beta 0), 16 prompts x 8 generations of 64 tokens at temperature 1, one AdamW update per generation
@@ -10,8 +10,6 @@ Medians of steps 2..N; writes bench/results/peer_trl.json.
 """
 
 import argparse
-import pathlib
-import sys
 import time
 
 import datasets
@@ -19,19 +17,18 @@ import torch
 import transformers
 import trl
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import issue17  # noqa: E402
+from bench import workload
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    path = issue17.write_model("/tmp/issue17")
+    path = workload.write_model()
     tok = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    data = datasets.Dataset.from_list(issue17.prompts(issue17.PROMPTS * (args.steps + 1)))
+    data = datasets.Dataset.from_list(workload.prompts(workload.PROMPTS * (args.steps + 1)))
 
     def exact(completions, answer, **_):
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
@@ -54,19 +51,19 @@ def main():
         def on_step_end(self, *_, **__):
             step_s.append(time.perf_counter() - self.t0)
 
-    rows = issue17.PROMPTS * issue17.GROUP
+    rows = workload.PROMPTS * workload.GROUP
     config = trl.GRPOConfig(
         output_dir="/tmp/peer_trl", max_steps=args.steps, per_device_train_batch_size=rows,
-        num_generations=issue17.GROUP, max_completion_length=issue17.NEW, temperature=1.0,
-        learning_rate=issue17.LEARNING_RATE, beta=0.0, importance_sampling_level="sequence",
-        epsilon=issue17.EPS_LOW, epsilon_high=issue17.EPS_HIGH, num_iterations=1, gradient_accumulation_steps=1,
+        num_generations=workload.GROUP, max_completion_length=workload.NEW, temperature=1.0,
+        learning_rate=workload.LEARNING_RATE, beta=0.0, importance_sampling_level="sequence",
+        epsilon=workload.EPS_LOW, epsilon_high=workload.EPS_HIGH, num_iterations=1, gradient_accumulation_steps=1,
         use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, seed=0,
         dataloader_num_workers=0,
     )
     trainer = trl.GRPOTrainer(model=model, reward_funcs=exact, args=config, train_dataset=data,
                               processing_class=tok, callbacks=[StepTimer()])
     trainer.train()
-    issue17.write_peer_result("trl", list(zip(step_s, generate_s)),
+    workload.write_peer_result("trl", list(zip(step_s, generate_s)),
                               framework=f"TRL {trl.__version__} (PyTorch {torch.__version__})")
 
 

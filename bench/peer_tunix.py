@@ -1,6 +1,6 @@
-"""Tunix's GRPOLearner on the issue-17 workload (bench/issue17.py), for bench/rl_step.py's comparison.
+"""Tunix's GRPOLearner on the RL-step workload (bench/workload.py), for bench/rl_step.py's comparison.
 
-    /work/venvs/tunix/bin/python bench/peer_tunix.py [--steps 6]     # venv: bench/README.md, "Peers"
+    /work/venvs/tunix/bin/python -m bench.peer_tunix [--steps 6]     # venv: bench/README.md, "Peers"
 
 GSPO as Tunix spells it: GRPOConfig(loss_algo="gspo-token"), the token form of GSPO's sequence ratio
 (arXiv 2507.18071, GSPO-token), equal in value and gradient to GSPO when a completion's tokens share
@@ -19,7 +19,6 @@ import argparse
 import functools
 import json
 import pathlib
-import sys
 import time
 from importlib import metadata
 
@@ -35,12 +34,11 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import issue17  # noqa: E402
+from bench import workload
 
 
 def load_model(path: pathlib.Path, mesh: jax.sharding.Mesh) -> qwen3_model.Qwen3:
-    """issue17's Hugging Face directory as a Tunix Qwen3 (its config read from config.json)."""
+    """The workload's Hugging Face directory as a Tunix Qwen3 (its config read from config.json)."""
     hf = json.loads((path / "config.json").read_text())
     theta = hf["rope_parameters"]["rope_theta"]
     # Tunix 0.1.7's Qwen3 attention calls apply_rope without the config's rope_theta (so always 1e6);
@@ -56,15 +54,15 @@ def load_model(path: pathlib.Path, mesh: jax.sharding.Mesh) -> qwen3_model.Qwen3
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    path = issue17.write_model("/tmp/issue17")
+    path = workload.write_model()
     tok = transformers.AutoTokenizer.from_pretrained(path)
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     model = load_model(path, mesh)
-    problems = issue17.prompts(issue17.PROMPTS * (args.steps + 1))
-    chunks = [problems[i:i + issue17.PROMPTS] for i in range(0, len(problems), issue17.PROMPTS)]
+    problems = workload.prompts(workload.PROMPTS * (args.steps + 1))
+    chunks = [problems[i:i + workload.PROMPTS] for i in range(0, len(problems), workload.PROMPTS)]
     batches = [{"prompts": np.array([p["prompt"] for p in c]), "answer": np.array([p["answer"] for p in c])}
                for c in chunks]
 
@@ -72,21 +70,21 @@ def main():
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
     rollout = base_rollout.RolloutConfig(
-        max_tokens_to_generate=issue17.NEW, max_prompt_length=issue17.PROMPT_LEN, temperature=1.0,
-        kv_cache_size=issue17.PROMPT_LEN + issue17.NEW)
+        max_tokens_to_generate=workload.NEW, max_prompt_length=workload.PROMPT_LEN, temperature=1.0,
+        kv_cache_size=workload.PROMPT_LEN + workload.NEW)
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.chain(optax.clip_by_global_norm(1.0),
-                                    optax.adamw(issue17.LEARNING_RATE, weight_decay=0.0)),
-        eval_every_n_steps=10**9, max_steps=args.steps, mini_batch_size=issue17.PROMPTS,
-        train_micro_batch_size=issue17.PROMPTS)
+                                    optax.adamw(workload.LEARNING_RATE, weight_decay=0.0)),
+        eval_every_n_steps=10**9, max_steps=args.steps, mini_batch_size=workload.PROMPTS,
+        train_micro_batch_size=workload.PROMPTS)
     roles = {rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.ROLLOUT: mesh}
     cluster = rl_cluster_lib.RLCluster(
         actor=model, tokenizer=tok,
         cluster_config=rl_cluster_lib.ClusterConfig(role_to_mesh=roles, rollout_engine="vanilla",
                                                     training_config=training, rollout_config=rollout))
-    algo = grpo_learner.GRPOConfig(num_generations=issue17.GROUP, num_iterations=1, beta=0.0,
-                                   epsilon=issue17.EPS_LOW, loss_algo="gspo-token")
-    algo.epsilon_high = issue17.EPS_HIGH  # read by Tunix's GRPO loss when present (not a GRPOConfig field)
+    algo = grpo_learner.GRPOConfig(num_generations=workload.GROUP, num_iterations=1, beta=0.0,
+                                   epsilon=workload.EPS_LOW, loss_algo="gspo-token")
+    algo.epsilon_high = workload.EPS_HIGH  # read by Tunix's GRPO loss when present (not a GRPOConfig field)
     learner = grpo_learner.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=exact)
 
     generate_s, update_ends = [], []
@@ -111,7 +109,7 @@ def main():
     learner.train(batches)
     ends = [t0] + update_ends
     step_s = [b - a for a, b in zip(ends, ends[1:])]
-    issue17.write_peer_result("tunix", list(zip(step_s, generate_s)),
+    workload.write_peer_result("tunix", list(zip(step_s, generate_s)),
                               framework=f"Tunix {metadata.version('google-tunix')} (JAX {jax.__version__})",
                               loss="gspo-token (GRPOConfig.loss_algo), eps 3e-4 / 4e-4, beta 0")
 

@@ -1,10 +1,10 @@
 """Prefix Grouper (train.prefix_grouper): the train update with each group's prompt encoded once,
 against encoding it in every row, as the shared prompt grows.
 
-    python bench/prefix_grouper.py [--prompt-lens 16 128 512 1024] [--reps 3]   # ~10 min on 2 idle cores
+    python -m bench.prefix_grouper [--prompt-lens 16 128 512 1024] [--reps 3]   # ~10 min on 2 idle cores
 
-The issue-17 model (Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 64, FFN 3d, tied,
-float32, random init); 2 prompts x 8 samples, 64 new tokens, GSPO, one micro-batch. Per prompt length:
+The RL-step workload's model (Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 64, FFN 3d,
+tied, float32, random init); 2 prompts x 8 samples, 64 new tokens, GSPO, one micro-batch. Per prompt length:
 the on-policy update (fwd + bwd + AdamW) per row and grouped, medians of --reps interleaved runs after a
 warm-up, with each layout's own FLOPs (bench/roofline.py), GFLOP/s, fraction of the measured matmul
 peak, and the compiled update's temporary memory (memory_analysis, compiled, not run), also under
@@ -17,22 +17,19 @@ import dataclasses
 import datetime
 import functools
 import json
-import pathlib
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import roofline  # noqa: E402
-from sweep import median_times  # noqa: E402
+from bench import roofline
+from bench.common import RESULTS, compare_updates, temp_bytes
+from grpo_jax import algorithms, models
+from grpo_jax import train_step as ts
+from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
 
-from grpo_jax import algorithms, metrics, models, sharding  # noqa: E402
-from grpo_jax import train_step as ts  # noqa: E402
-from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig  # noqa: E402
-
-OUT = pathlib.Path(__file__).parent / "results" / "prefix_grouper.json"
+OUT = RESULTS / "prefix_grouper.json"
 MODEL = models.ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=768, num_layers=4,
                            num_heads=4, num_kv_heads=2, head_dim=64, tie_word_embeddings=True)
 PROMPTS, GROUP, NEW = 2, 8, 64
@@ -67,42 +64,14 @@ def measure(prompt_len: int, reps: int, peak: float) -> dict:
                                       remat_temp_mib=remat_memory[name] / 2**20) for name in t})
 
 
-def temp_bytes(update, state, batch) -> int:
-    """The compiled update's temporary memory (compiled, not run)."""
-    return update.lower(state, None, batch).compile().memory_analysis().temp_size_in_bytes
-
-
-def compare_updates(layouts: dict, params, reps: int) -> tuple[dict, dict]:
-    """For layouts {name: (config, batch)} of one update (the same math in another layout): the median
-    seconds of `reps` interleaved updates after a first one, whose losses must agree, and each compiled
-    update's temporary bytes."""
-    runs, memory, losses = {}, {}, {}
-    for name, (cfg, batch) in layouts.items():
-        optimizer, state_sharding, _, update = ts.compiled_train_step(cfg, 100, sharding.make_mesh(cfg.mesh))
-        state = [jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)]  # donated
-        memory[name] = temp_bytes(update, state[0], batch)
-        state[0], m = update(state[0], None, batch)
-        losses[name] = float(metrics.finalize(m)["loss"])
-
-        def run(update=update, state=state, batch=batch):
-            state[0], m = update(state[0], None, batch)
-            jax.block_until_ready(m)
-
-        runs[name] = run
-    first, *others = losses.values()
-    if not all(np.isclose(x, first, rtol=1e-4, atol=1e-6) for x in others):
-        raise AssertionError(f"the layouts disagree: {losses}")
-    return median_times(runs, reps), memory
-
-
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[16, 128, 512, 1024])
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     peak = roofline.matmul_peak()
     results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   command="python bench/prefix_grouper.py " + " ".join(sys.argv[1:]), matmul_peak_gflops=peak,
+                   command="python -m bench.prefix_grouper " + " ".join(sys.argv[1:]), matmul_peak_gflops=peak,
                    shape=dict(prompts=PROMPTS, group=GROUP, new=NEW, model=dataclasses.asdict(MODEL)),
                    load_start=roofline.load(), rows=[])
     print(f"matmul peak {peak:.0f} GFLOP/s; {results['load_start']}")

@@ -6,12 +6,12 @@ full distribution, no early stop (every row produces max_new_tokens). Prefill ti
 the fastest of 3 interleaved runs. A second table shows the prefill cost against the group size G at
 a fixed number of distinct prompts.
 
-    python bench/sampler.py            # writes bench/results/sampler.json
+    python -m bench.sampler            # writes bench/results/sampler.json
 """
 
+import argparse
 import json
 import os
-import pathlib
 import tempfile
 import time
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import transformers
 
+from bench.common import RESULTS
 from grpo_jax import models
 from grpo_jax.config import SamplingConfig
 from grpo_jax.sampling import generate, pad_prompts
@@ -28,7 +29,7 @@ MODEL = dict(vocab_size=32768, hidden_size=384, intermediate_size=1024, num_hidd
              num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=1024)
 PROMPT_LEN, NEW, BATCHES, REPEATS = 64, 128, (16, 64), 3
 GROUP_PROMPTS, GROUPS = 8, (1, 2, 4, 8)
-OUT = pathlib.Path(__file__).parent / "results" / "sampler.json"
+OUT = RESULTS / "sampler.json"
 
 
 def prompt_lists(n, seed=0):
@@ -77,6 +78,7 @@ def rates(prompts, prefill_s, full_s):
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**MODEL, eos_token_id=None)).eval()
     n_params = sum(p.numel() for p in model.parameters())
@@ -117,7 +119,6 @@ def main():
         print(f"{r['group']:>3}{r['rows']:>6}{r['shared_prefill_s']:>18.3f}{r['prefill_per_row_s']:>19.3f}")
     results["load_average_end"] = os.getloadavg()  # (1, 5, 15 min): the cores are shared
     print(f"load average {results['load_average_start']} -> {results['load_average_end']}")
-    OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT}")
 

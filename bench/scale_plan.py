@@ -16,8 +16,8 @@ completions <= 512 tokens, 4 minibatches of 128 completions, 4 micro-batches of 
   temporaries (KV cache, logits, workspace) + outputs;
 - peak = the larger of the two, against 16 GiB (TPU v5e), 95 GiB (TPU v5p) and 80 GiB (H100).
 
-    python bench/scale_plan.py                    # every cell; table + results/scale_plan.json
-    python bench/scale_plan.py --cell Qwen3-8B 64 # one cell, as JSON on stdout (what the driver runs)
+    python -m bench.scale_plan                    # every cell; table + results/scale_plan.json
+    python -m bench.scale_plan --cell Qwen3-8B 64 # one cell, as JSON on stdout (what the driver runs)
 """
 
 import argparse
@@ -25,14 +25,14 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
 import platform
 import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results" / "scale_plan.json"
+from bench.common import RESULTS, ROOT
+
+OUT = RESULTS / "scale_plan.json"
 GIB = 2**30
 BUDGETS_GIB = {"v5e": 16, "v5p": 95, "H100": 80}
 DEVICES = (8, 64, 256)
@@ -67,12 +67,12 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from experiments.configs import gsm8k
     from grpo_jax import models, sampling, sharding
     from grpo_jax import train_step as ts
     from grpo_jax.config import MeshConfig, ModelOptions
+    from grpo_jax.train import load_config
 
-    base = gsm8k.get_config()
+    base = load_config(ROOT / "experiments" / "configs" / "gsm8k.py")
     # layer_loop: what "auto" runs on the TPUs and GPUs planned for (on these simulated CPU devices it would unroll)
     model = dataclasses.replace(model_configs()[name], **dict(base.model_options.as_dict(), moe_impl=moe_impl,
                                                               layer_loop="scan"))
@@ -128,9 +128,10 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
 def run_cell(name: str, devices: int, moe_impl: str) -> dict:
     """`cell` in a fresh process with `devices` simulated CPU devices; records its wall time and peak RSS."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, __file__, "--cell", name, str(devices), "--moe-impl", moe_impl]
+    cmd = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "bench.scale_plan", "--cell", name, str(devices),
+           "--moe-impl", moe_impl]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         return dict(model=name, devices=devices, moe_impl=moe_impl, error=proc.stderr.strip().splitlines()[-3:])
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -174,7 +175,6 @@ def main():
     parser.add_argument("--moe-impl", default="dense", choices=("dense", "ragged"))
     parser.add_argument("--models", nargs="*", default=None)
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if args.cell:  # jax is imported after this: the simulated device count takes effect
         os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={args.cell[1]}")
         print(json.dumps(cell(args.cell[0], int(args.cell[1]), args.moe_impl)))
@@ -194,7 +194,6 @@ def main():
             best = plan.get(name, {}).get(budget)
             where = f"{best['devices']} devices ({best['moe_impl']})" if best else f"no mesh up to {DEVICES[-1]}"
             print(f"{name} on {budget} ({gib} GiB): {where}")
-    OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor()
                                    or platform.machine(), cpus=os.cpu_count(), budgets_gib=BUDGETS_GIB,
                                    smallest_fits=plan, cells=results), indent=2))

@@ -1,7 +1,7 @@
-"""Roofline sweep around the issue-17 shape: train update, l^old-style forward and greedy decoding
+"""Roofline sweep around the RL-step workload's shape: train update, l^old-style forward and greedy decoding
 (against `transformers` generate on the same weights), each axis varied with the others at the base.
 
-    python bench/sweep.py [--only NAME ...] [--reps 2]     # ~30-40 min on 2 idle cores
+    python -m bench.sweep [--only NAME ...] [--reps 2]     # ~30-40 min on 2 idle cores
 
 Base: Qwen3, d 256, 4 layers, vocab 4096, 4 query / 2 kv heads of 64, FFN 3d, tied, float32; 16
 prompts x 8 samples, 9-token prompts, 64 new tokens. Axes: d (64, 1024), layers (2, 16), vocab (32k,
@@ -17,25 +17,20 @@ bench/results/sweep.json as they finish (a partial run keeps what it measured).
 import argparse
 import datetime
 import json
-import pathlib
-import statistics
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
 import torch
 import transformers
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import roofline  # noqa: E402
-from update_runs import update_runs  # noqa: E402
+from bench import roofline
+from bench.common import RESULTS, median_times, update_runs
+from grpo_jax import host_memory, models, sampling
+from grpo_jax.config import SamplingConfig
 
-from grpo_jax import host_memory, models, sampling  # noqa: E402
-from grpo_jax.config import SamplingConfig  # noqa: E402
-
-OUT = pathlib.Path(__file__).parent / "results" / "sweep.json"
+OUT = RESULTS / "sweep.json"
 BASE = dict(d=256, layers=4, vocab=4096, head_dim=64, heads=4, kv=2, prompts=16, group=8, prompt_len=9, new=64)
 ROWS = {
     "base": {},
@@ -54,18 +49,6 @@ def hf_config(s):
         vocab_size=s["vocab"], hidden_size=s["d"], intermediate_size=3 * s["d"], num_hidden_layers=s["layers"],
         num_attention_heads=s["heads"], num_key_value_heads=s["kv"], head_dim=s["head_dim"], tie_word_embeddings=True,
         max_position_embeddings=1024, eos_token_id=None, pad_token_id=0)
-
-
-def median_times(runs: dict, reps: int) -> dict:
-    for run in runs.values():
-        run()
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def programs(s: dict, **run_fields) -> tuple:
@@ -117,16 +100,15 @@ def measure(name: str, s: dict, reps: int, peak: float) -> dict:
 
 def main():
     host_memory.keep_freed_memory()  # as every entry point does (distributed.initialize); transformers too
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(ROWS), help=f"rows among {list(ROWS)}")
     parser.add_argument("--reps", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(2)
     peak = roofline.matmul_peak()
     results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   command="python bench/sweep.py " + " ".join(sys.argv[1:]), matmul_peak_gflops=peak,
+                   command="python -m bench.sweep " + " ".join(sys.argv[1:]), matmul_peak_gflops=peak,
                    load_start=roofline.load(), rows=[])
-    OUT.parent.mkdir(exist_ok=True)
     print(f"matmul peak {peak:.0f} GFLOP/s; {results['load_start']}")
     print(f"{'row':14s}{'train s':>9s}{'of peak':>8s}{'fwd s':>8s}{'train/fwd':>10s}{'decode s':>9s}{'of peak':>8s}"
           f"{'hf s':>8s}{'x hf':>7s}")

@@ -1,11 +1,13 @@
-"""The workload of issue 17, written once as a local Hugging Face model directory that grpo_jax, TRL
-and Tunix all load: a random Qwen3 of 4.2M parameters in float32 (vocab 4096, d 256, 4 layers,
-4 query / 2 kv heads of 64, FFN 768, tied embeddings) and a character tokenizer of 4096 ids (pad,
-bos, eos, unk, the characters of grpo_jax.data.CharTokenizer, then filler tokens), whose encoder
-adds BOS. Prompts are 3-digit sums ("123+456=": 9 tokens with BOS); 16 prompts x 8 completions of
-64 new tokens at temperature 1; GSPO (clips 3e-4 / 4e-4), beta 0, one AdamW update per rollout batch.
+"""The RL-step workload that rl_step.py, first_step.py, host_memory.py and the peers (peer_trl.py,
+peer_tunix.py) run: a random 4.2M-parameter Qwen3 in float32 (vocab 4096, d 256, 4 layers, 4 query /
+2 kv heads of 64, FFN 768, tied embeddings) written once as a local Hugging Face directory that
+grpo_jax, TRL and Tunix all load, with a character tokenizer of 4096 ids (pad, bos, eos, unk, the
+characters of grpo_jax.data.CharTokenizer, then filler tokens) whose encoder adds BOS. Prompts are
+3-digit sums ("123+456=": 9 tokens with BOS); 16 prompts x 8 completions of 64 new tokens at
+temperature 1; GSPO (clips 3e-4 / 4e-4), beta 0, one AdamW update per rollout batch (on-policy).
 
-Needs only packages every environment of bench/README.md has (torch, transformers, tokenizers).
+Imports only what every environment of bench/README.md has (torch, transformers, tokenizers) until
+`config` is called: the peers import it from their own virtual environments.
 """
 
 import pathlib
@@ -15,13 +17,14 @@ LEARNING_RATE, EPS_LOW, EPS_HIGH = 1e-5, 3e-4, 4e-4
 MODEL = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, max_position_embeddings=128,
              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MODEL_DIR = "/tmp/grpo_jax_bench_workload"
 # grpo_jax.host_memory's malloc settings as environment variables, for the peers' processes:
-# env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 python bench/peer_trl.py
+# env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1099511627776 python -m bench.peer_trl
 KEEP_FREED_MEMORY = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1099511627776"}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/=().,?!:;'\"<>[]{}#$%\\^_\n"
 
 
-def write_model(path: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
+def write_model(path: str | pathlib.Path = MODEL_DIR, seed: int = 0) -> pathlib.Path:
     """Writes the random model and tokenizer to `path` (once; kept if it already holds them)."""
     path = pathlib.Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
@@ -46,6 +49,28 @@ def write_model(path: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
     model.save_pretrained(path)
     fast.save_pretrained(path)
     return path
+
+
+def config(path: str | None = None, out_dir: str = "/tmp/grpo_jax_bench_run"):
+    """The workload as a grpo_jax Config, or the Config of the experiments config file at `path`."""
+    from grpo_jax import algorithms
+    from grpo_jax.algorithms.losses import Gspo
+    from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
+    from grpo_jax.data import ArithmeticConfig
+    from grpo_jax.rewards import RewardConfig
+    from grpo_jax.train import load_config
+
+    if path:
+        return load_config(path)
+    return Config(
+        model_path=str(write_model()),
+        task=ArithmeticConfig(num_operands=2, min_value=100, max_value=999, operators="+"),
+        sampling=SamplingConfig(max_prompt_len=PROMPT_LEN, max_new_tokens=NEW, group_size=GROUP, temperature=1.0),
+        algorithm=algorithms.AlgorithmConfig.from_preset("gspo", loss=Gspo(eps_low=EPS_LOW, eps_high=EPS_HIGH)),
+        reward=RewardConfig(names=("exact",), weights=(1.0,), num_workers=2),
+        optim=OptimConfig(learning_rate=LEARNING_RATE),
+        train=TrainConfig(steps=100, prompts_per_step=PROMPTS, out_dir=out_dir),
+    )
 
 
 def prompts(n: int, seed: int = 0) -> list[dict]:
