@@ -29,6 +29,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from grpo_jax import models, sharding
+
 CHECKSUMS = "checksums.json"
 log = logging.getLogger(__name__)
 
@@ -166,8 +168,6 @@ def export_hf(model_cfg, params, path: str | pathlib.Path, tokenizer_dir: str | 
     """Writes the policy as a Hugging Face directory (config.json + safetensors), with the tokenizer
     files of `tokenizer_dir` (the source checkpoint) copied beside it when given. Called on every
     process: the params are gathered to each host (one leaf at a time), and process 0 writes."""
-    from grpo_jax import models, sharding
-
     params = sharding.gather(params)
     if jax.process_index() != 0:
         return

@@ -38,6 +38,18 @@ class MeshConfig:
     tensor: int = 1
     expert: int = 1
 
+    # The sharding tolerance (grpo_jax.sharding.check_replicated, MaxText's): on a mesh whose fsdp, tensor
+    # or expert axis splits weights, the largest fraction of the train state's bytes (params and optimizer
+    # state) that may stay whole on every device although the rules could split it (a dimension the mesh
+    # does not divide, an optimizer leaf that matches no parameter). Any such bytes warn; more fail the
+    # run before it compiles. 1: never fail. Norm scales and step counts never count.
+    max_replicated_fraction: float = 0.1
+
+    def __post_init__(self):
+        _check("MeshConfig", {
+            "max_replicated_fraction": (0 <= self.max_replicated_fraction <= 1,
+                                        "must be in [0, 1] (the share of the train state's bytes; 1: never fail)"),
+        }, self)
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:

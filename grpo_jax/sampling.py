@@ -238,7 +238,7 @@ def generate(
 ) -> Rollout:
     """`group_size` completions of every prompt, stopping at `cfg.eos_token_id` or `stop_tokens`.
 
-    With a mesh, pass params placed by `grpo_jax.sharding.shard_params`; rows and the KV cache are
+    With a mesh, pass params placed by `grpo_jax.models.shard_params`; rows and the KV cache are
     sharded by the `batch` rule (data, fsdp), kv heads by `kv_heads` (tensor). Compiled once per
     (configs, mesh, number of prompts). The cache is allocated inside the program, so XLA updates it
     in place across decode steps; params are only read (the trainer keeps them, so no donation).
@@ -317,7 +317,7 @@ def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
     once = {name: tree for name, tree in params.items() if unrolled or name not in models.LAYER_STACKS}
     once = jax.tree.map(lambda a: a.astype(cfg.jnp_compute_dtype), once)
     if mesh is not None:
-        once = sharding.gather_over_fsdp(once, cfg, mesh)
+        once = sharding.gather_over_fsdp(once, models.param_specs(cfg), mesh)
     params = {**params, **once}
     return models.unstack_layers(params) if unrolled else params
 
@@ -337,7 +337,7 @@ def rollout(
         shard = rows = lambda x: x  # noqa: E731
         if mesh is not None:  # fix the layouts of the cache and the rows through the loop
             shard = lambda cache: jax.lax.with_sharding_constraint(  # noqa: E731
-                cache, sharding.cache_shardings(cfg, mesh, lengths.shape[0], cache["segment_ids"].shape[1]))
+                cache, models.cache_shardings(cfg, mesh, lengths.shape[0], cache["segment_ids"].shape[1]))
             rows = lambda tree: jax.tree.map(  # noqa: E731
                 lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
 

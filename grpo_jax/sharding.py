@@ -8,6 +8,16 @@ dimension of the same array stays replicated (batch takes fsdp, so activations' 
 one whose size does not divide by its mesh axes is replicated with a warning naming the rule and
 the shape (e.g. 2 kv heads on tensor=4).
 
+Arrays to shard are described by pytrees of `ParamSpec` (shape + logical axes): the model's
+(`grpo_jax.models.param_specs`, `cache_specs`, and `models.param_shardings` etc. built on them), the
+LoRA adapters' (`grpo_jax.lora.specs`). This module knows axes, rules and meshes only: it imports
+neither the models nor the run config (a mesh is made from any object with the `MESH_AXES` sizes,
+such as `grpo_jax.config.MeshConfig`), so the dependency runs one way, models -> sharding.
+
+`check_replicated` is the sharding tolerance (MaxText's `assert_params_sufficiently_sharded`): the
+share of a train state's bytes left whole on every device of a mesh that splits weights warns, naming
+the largest such leaves, and above `MeshConfig.max_replicated_fraction` fails.
+
 Over several processes (hosts), a process owns the rows of a batch that its devices hold
 (`process_rows`): it builds global arrays from those rows alone (`global_batch`), reads them back from
 its devices (`local_rows`) and gathers whole values only where it must (`gather`).
@@ -17,18 +27,17 @@ import contextlib
 import functools
 import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from grpo_jax.config import MeshConfig
-from grpo_jax.models import ModelConfig, cache_specs, param_specs
-from grpo_jax.models.decoder import is_spec
-
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
+# The mesh axes that split weights (params, optimizer state) by `RULES`; `data` keeps a whole copy of
+# them by design, so a mesh of data alone leaves nothing to check in `check_replicated`.
+WEIGHT_AXES = ("fsdp", "tensor", "expert")
 
 # logical axis -> mesh axis (or tuple of axes, or None = replicated). The one table.
 RULES: dict[str, str | tuple[str, ...] | None] = {
@@ -44,7 +53,28 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
+class ParamSpec(NamedTuple):
+    """Shape and logical axis names of one parameter (sharding rules map the names to mesh axes)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+
+
+def is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+@runtime_checkable
+class MeshShape(Protocol):
+    """What `make_mesh` reads of a mesh config (`grpo_jax.config.MeshConfig`): a size per mesh axis."""
+
+    data: int
+    fsdp: int
+    tensor: int
+    expert: int
+
+
+def make_mesh(cfg: MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor, expert) mesh; one axis may be -1 for all remaining devices."""
     devices = jax.devices() if devices is None else devices
     shape = [getattr(cfg, a) for a in MESH_AXES]
@@ -69,8 +99,7 @@ def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh) -> 
     """PartitionSpec for an array with these logical axis names, by `RULES` (mesh: concrete or abstract)."""
     used, out = set(), []
     for name, size in zip(axes, shape):
-        mesh_axes = RULES[name] if name is not None else None
-        group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+        group = _group(name)
         if not group or used & set(group):
             out.append(None)
             continue
@@ -117,20 +146,12 @@ def _names(key_path) -> tuple:
     return tuple(getattr(k, "key", getattr(k, "name", None)) for k in key_path)
 
 
-def param_shardings(tree: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-    """NamedShardings for params or any pytree holding params-shaped subtrees (optimizer state).
-
-    A leaf whose key path ends like a parameter's path (e.g. `...mu['layers']['q']`) and has that
-    parameter's shape is sharded like it; every other leaf (step counts, scalars) is replicated.
-    """
-    return tree_shardings(tree, param_specs(cfg), mesh)
-
-
-def gather_over_fsdp(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-    """`params` with every weight constrained whole over fsdp (its "embed" axis unsplit, as a matmul
-    gathers it), inside a jit; other leaves (a LoRA weight's base and adapters) as they are. The
-    sampler gathers its weights so once for the prefill and all its decode loops."""
-    by_path = _specs_by_path(param_specs(cfg))
+def gather_over_fsdp(params: Any, specs: Any, mesh: Mesh) -> Any:
+    """`params` with every leaf that has a ParamSpec among `specs` (`tree_shardings`' matching)
+    constrained whole over fsdp (its "embed" axis unsplit, as a matmul gathers it), inside a jit;
+    other leaves (a LoRA weight's base and adapters) as they are. The sampler gathers its weights so
+    once for the prefill and all its decode loops."""
+    by_path = _specs_by_path(specs)
 
     def one(key_path, leaf):
         spec = _spec_of(by_path, key_path, leaf)
@@ -143,7 +164,13 @@ def gather_over_fsdp(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
 
 
 def tree_shardings(tree: Any, specs: Any, mesh: Mesh) -> Any:
-    """`param_shardings` against any ParamSpec pytree (e.g. LoRA adapters, `grpo_jax.lora.specs`)."""
+    """NamedShardings for a pytree holding `specs`-shaped subtrees (params, optimizer state; the model's
+    `models.param_specs`, LoRA adapters' `grpo_jax.lora.specs`).
+
+    A leaf whose key path ends like a spec's path (e.g. `...mu['layers']['q']`) and has that spec's
+    shape is sharded like it; every other leaf (step counts, scalars) is replicated, and
+    `check_replicated` reports those that could have been split.
+    """
     by_path = _specs_by_path(specs)
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -160,22 +187,98 @@ def _specs_by_path(specs: Any) -> dict:
 
 def _spec_of(by_path: dict, key_path, leaf):
     """The ParamSpec of a leaf whose key path ends like a parameter's path and has its shape, else None."""
+    return _match(by_path, key_path, leaf)[1]
+
+
+def _match(by_path: dict, key_path, leaf) -> tuple:
+    """(the parameter's path, its ParamSpec) for a leaf whose key path ends like that path and has its
+    shape, else (None, None)."""
     names = _names(key_path)
     for path, spec in by_path.items():
         if names[-len(path) :] == path and tuple(np.shape(leaf)) == spec.shape:
-            return spec
-    return None
+            return path, spec
+    return None, None
 
 
-def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-    """Places params (or optimizer state) on the mesh by `RULES`."""
-    return jax.device_put(params, param_shardings(params, cfg, mesh))
+def shard(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """Places a pytree (params, optimizer state) on the mesh by `tree_shardings`."""
+    return jax.device_put(tree, tree_shardings(tree, specs, mesh))
 
 
-def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int) -> Any:
-    """NamedShardings for `models.init_cache(cfg, batch, max_len)` (batch over data+fsdp, kv heads
-    over tensor)."""
-    return spec_shardings(cache_specs(cfg, batch, max_len), mesh)
+def check_replicated(tree: Any, specs: Any, mesh: Mesh, max_fraction: float, what: str = "the train state") -> float:
+    """The sharding tolerance (MaxText's `assert_params_sufficiently_sharded`) of `tree` placed by
+    `tree_shardings(tree, specs, mesh)`: the fraction of its bytes that stays whole on every device
+    although it could be split over the mesh's weight axes (`WEIGHT_AXES` of size > 1).
+
+    A leaf counts when it is fully replicated and either matches no spec (an optimizer-state leaf of
+    a shape no parameter has) with a dimension that the weight devices divide, or matches one whose
+    rules name a weight axis of size > 1 that its shape does not divide (2 kv heads on tensor=4). Leaves
+    the rules replicate on purpose (norm scales: no axis maps to a weight axis) and scalars (step
+    counts) do not count. Above 0 it warns once, naming the largest such leaves and what to change;
+    above `max_fraction` (`MeshConfig.max_replicated_fraction`) it raises ValueError. Returns the
+    fraction (0 on a mesh whose weight axes are all 1: `data` replicates weights by design).
+    """
+    weight = {a: mesh.shape[a] for a in WEIGHT_AXES if mesh.shape.get(a, 1) > 1}
+    n = math.prod(weight.values())
+    leaves = jax.tree.flatten_with_path(tree)[0]
+    total = sum(_nbytes(x) for _, x in leaves)
+    if n == 1 or not total:
+        return 0.0
+    by_path = _specs_by_path(specs)
+    found: dict[str, list] = {}  # what -> [bytes, leaves, why]: a parameter's leaves (params, moments) together
+    for key_path, leaf in leaves:
+        shape = tuple(np.shape(leaf))
+        path, spec = _match(by_path, key_path, leaf)
+        if spec is None:
+            if any(d % n == 0 for d in shape):
+                why = (f"shape {shape} matches no ParamSpec (by the end of its key path and its shape), so it is "
+                       "replicated: give it one")
+                found.setdefault(jax.tree_util.keystr(key_path), [0, 0, why])
+                found[jax.tree_util.keystr(key_path)][:2] = [_nbytes(leaf), 1]
+            continue
+        if not NamedSharding(mesh, logical_spec(spec.axes, spec.shape, mesh)).is_fully_replicated:
+            continue  # split over some mesh axis
+        rules = []
+        for name, size in zip(spec.axes, spec.shape):
+            group = set(_group(name)) & set(weight)
+            if group:
+                axes = "x".join(f"{a}={weight[a]}" for a in _group(name) if a in group)
+                rules.append(f"rule {name!r} -> {axes} does not divide {size}" if size % math.prod(weight[a] for a in group)
+                             else f"rule {name!r} -> {axes}: the axis is taken by an earlier dimension")
+        if rules:
+            entry = found.setdefault("/".join(map(str, path)), [0, 0, f"shape {spec.shape}: {'; '.join(rules)}"])
+            entry[0] += _nbytes(leaf)
+            entry[1] += 1
+    if not found:
+        return 0.0
+    fraction = sum(b for b, _, _ in found.values()) / total
+    ranked = sorted(found.items(), key=lambda item: -item[1][0])
+    largest = "; ".join(f"{what} ({b} bytes in {k} leaves, {why})" for what, (b, k, why) in ranked[:3])
+    more = f"; and {len(ranked) - 3} more" if len(ranked) > 3 else ""
+    mesh_text = ", ".join(f"{a}={size}" for a, size in mesh.shape.items())
+    message = (f"{fraction:.1%} of {what}'s {total} bytes stays whole on every device of the mesh ({mesh_text}) "
+               f"though it could be split over {'x'.join(weight)}, the largest: {largest}{more}. Change "
+               "grpo_jax.sharding.RULES, the MeshConfig or the model's shape")
+    if fraction > max_fraction:
+        raise ValueError(f"{message}; this is above MeshConfig.max_replicated_fraction={max_fraction} (set it "
+                         "higher, up to 1, to run so anyway)")
+    _warn_once(f"{message} (within MeshConfig.max_replicated_fraction={max_fraction})")
+    return fraction
+
+
+def _group(name: str | None) -> tuple[str, ...]:
+    """The mesh axes a logical axis maps to by `RULES`."""
+    axes = RULES[name] if name is not None else None
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
+def _nbytes(x) -> int:
+    return math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=4)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -238,18 +341,22 @@ def gather(tree: Any) -> Any:
 
 __all__ = [
     "MESH_AXES",
+    "MeshShape",
+    "ParamSpec",
     "RULES",
+    "WEIGHT_AXES",
     "activation_rules",
     "batch_sharding",
-    "cache_shardings",
+    "check_replicated",
     "gather",
+    "gather_over_fsdp",
     "global_batch",
+    "is_spec",
     "local_rows",
     "logical_spec",
     "make_mesh",
-    "param_shardings",
     "process_rows",
-    "shard_params",
+    "shard",
     "spec_shardings",
     "tree_shardings",
 ]

@@ -445,11 +445,12 @@ def compiled_train_step(cfg: Config, total_updates: int, mesh: jax.sharding.Mesh
     params = jax.eval_shape(lambda: models.init(cfg.model, jax.random.key(0)))  # no key made: no program run
     if cfg.lora.rank:
         trainable = jax.eval_shape(lambda: lora.init(cfg.model, cfg.lora, jax.random.key(0)))
-        state = jax.eval_shape(lambda p: init_state(p, optimizer), trainable)
-        state_sharding = sharding.tree_shardings(state, lora.specs(cfg.model, cfg.lora), mesh)
+        specs = lora.specs(cfg.model, cfg.lora)
     else:
-        state = jax.eval_shape(lambda p: init_state(p, optimizer), params)
-        state_sharding = sharding.param_shardings(state, cfg.model, mesh)
+        trainable, specs = params, models.param_specs(cfg.model)
+    state = jax.eval_shape(lambda p: init_state(p, optimizer), trainable)
+    state_sharding = sharding.tree_shardings(state, specs, mesh)
+    sharding.check_replicated(state, specs, mesh, cfg.mesh.max_replicated_fraction)  # warns or raises
     frozen = cfg.algorithm.beta > 0 or cfg.lora.rank
-    ref_sharding = sharding.param_shardings(params, cfg.model, mesh) if frozen else None
+    ref_sharding = models.param_shardings(params, cfg.model, mesh) if frozen else None
     return optimizer, state_sharding, ref_sharding, jit_train_step(cfg, optimizer, mesh, state_sharding, ref_sharding)

@@ -78,7 +78,7 @@ def test_adapters_are_sharded_by_the_rules_table_and_sharded_equals_unsharded():
     tokens = jax.random.randint(jax.random.key(3), (8, 5), 0, QWEN2.vocab_size)
     placed = jax.device_put(adapters, shardings)
     sharded = jax.jit(lambda b, a, t: models.logits(QWEN2, lora.attach(b, a, LORA), t))(
-        sharding.shard_params(base, QWEN2, mesh), placed, tokens)
+        models.shard_params(base, QWEN2, mesh), placed, tokens)
     np.testing.assert_allclose(sharded, models.logits(QWEN2, lora.attach(base, adapters, LORA), tokens), atol=2e-5)
 
 
@@ -174,7 +174,7 @@ def test_sampling_a_lora_policy_on_a_mesh_equals_one_device(layer_loop):
     want = sampling.generate(one_device, lora.attach(base, adapters, LORA), prompts, jax.random.key(4), scfg)
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     placed = jax.device_put(adapters, sharding.spec_shardings(lora.specs(cfg, LORA), mesh))
-    policy = lora.attach(sharding.shard_params(base, cfg, mesh), placed, LORA)
+    policy = lora.attach(models.shard_params(base, cfg, mesh), placed, LORA)
     got = sampling.generate(cfg, policy, prompts, jax.random.key(4), scfg, mesh)
     assert len(set(np.asarray(want.lengths).tolist())) > 1  # rows stop at different steps
     np.testing.assert_array_equal(got.tokens, want.tokens)

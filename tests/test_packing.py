@@ -148,8 +148,8 @@ def test_packed_update_equals_the_padded_update_on_two_devices(params, rows):
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
     sgd = optax.sgd(1.0)
     state = ts.init_state(params, sgd)
-    state_sharding = sharding.param_shardings(state, MODEL, mesh)
-    ref_sharding = None if ref_params is None else sharding.param_shardings(ref_params, MODEL, mesh)
+    state_sharding = models.param_shardings(state, MODEL, mesh)
+    ref_sharding = None if ref_params is None else models.param_shardings(ref_params, MODEL, mesh)
     outs, programs = [], []
     for on, b in ((False, batch), (True, packed(batch, prompt_lengths, lengths, shards=2, micro_batches=2))):
         c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, packing=on))

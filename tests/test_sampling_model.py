@@ -129,7 +129,7 @@ def test_same_seed_same_samples_on_a_mesh_as_on_one_device(cfg, mesh_cfg):
     prompts = pad_prompts(PROMPTS, scfg)
     single = generate(cfg, params, prompts, jax.random.key(5), scfg)
     mesh = sharding.make_mesh(mesh_cfg)
-    sharded = generate(cfg, sharding.shard_params(params, cfg, mesh), prompts, jax.random.key(5), scfg, mesh)
+    sharded = generate(cfg, models.shard_params(params, cfg, mesh), prompts, jax.random.key(5), scfg, mesh)
     np.testing.assert_array_equal(sharded.tokens, single.tokens)
     np.testing.assert_array_equal(sharded.lengths, single.lengths)
     np.testing.assert_allclose(sharded.logprobs, single.logprobs, atol=1e-5)

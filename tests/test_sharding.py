@@ -1,8 +1,12 @@
 """Meshes, the logical-axis rules and sharded forwards on 8 simulated devices."""
 
+import ast
 import dataclasses
 import functools
+import pathlib
 import re
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -60,7 +64,7 @@ def test_make_mesh_rejects_shapes_that_do_not_fit(bad):
 @pytest.mark.parametrize("shape", MESHES)
 def test_sharded_forward_equals_unsharded(params, reference, shape):
     mesh = sharding.make_mesh(MeshConfig(*shape))
-    sharded = sharding.shard_params(params, CFG, mesh)
+    sharded = models.shard_params(params, CFG, mesh)
     layers, moe, mlp = sharded["layers"], sharded["moe"], sharded["mlp"]
     tensor = 4 if shape[2] == 4 else None  # 2 kv heads cannot split over tensor=4: replicated
     assert layers["q"].sharding.spec == P(None, "fsdp", "tensor", None)
@@ -82,17 +86,17 @@ def test_sharded_forward_equals_unsharded(params, reference, shape):
 def test_optimizer_state_follows_param_shardings(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
     state = optax.adam(1e-3).init(params)
-    shardings = sharding.param_shardings(state, CFG, mesh)
+    shardings = models.param_shardings(state, CFG, mesh)
     assert shardings[0].mu["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
     assert shardings[0].nu["moe"]["down"].spec == P(None, "expert", "tensor", "fsdp")
     assert shardings[0].count.spec == P()
-    placed = sharding.shard_params(state, CFG, mesh)
+    placed = models.shard_params(state, CFG, mesh)
     assert placed[0].mu["embed"].sharding.spec == P("tensor", "fsdp")
 
 
 def test_cache_shardings_and_sharded_extend(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
-    s = sharding.cache_shardings(CFG, mesh, batch=4, max_len=8)
+    s = models.cache_shardings(CFG, mesh, batch=4, max_len=8)
     assert len(s["k"]) == len(s["v"]) == CFG.num_layers
     assert s["k"][0].spec == s["v"][-1].spec == P(("data", "fsdp"), "tensor", None, None)
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
@@ -101,7 +105,7 @@ def test_cache_shardings_and_sharded_extend(params):
     seg = np.ones_like(tokens)
     pos = np.broadcast_to(np.arange(3), (4, 3))
     extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
-    h, cache, _ = extend(CFG, sharding.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
+    h, cache, _ = extend(CFG, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
     assert cache["k"][1].sharding.spec == s["k"][1].spec
     np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
 
@@ -110,7 +114,7 @@ def test_load_hf_places_each_tensor_with_its_sharding(params, tmp_path):
     models.save_hf(CFG, params, tmp_path)
     mesh = sharding.make_mesh(MeshConfig(1, 2, 4))
     _, loaded = models.load_hf(tmp_path, mesh=mesh)
-    want = sharding.param_shardings(params, CFG, mesh)
+    want = models.param_shardings(params, CFG, mesh)
     jax.tree.map(lambda a, s: (a.sharding == s) or pytest.fail(f"{a.sharding} != {s}"), loaded, want)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), loaded, params)
 
@@ -144,7 +148,7 @@ def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
     tokens, want = reference
     with jax.set_mesh(mesh):
         hidden = jax.jit(models.forward, static_argnums=0)(
-            CFG, sharding.shard_params(params, CFG, mesh), sharding.global_batch(tokens, mesh)
+            CFG, models.shard_params(params, CFG, mesh), sharding.global_batch(tokens, mesh)
         )
     assert hidden.sharding.is_equivalent_to(sharding.batch_sharding(mesh, 3), 3)
     got = np.asarray(hidden) @ np.asarray(params["lm_head"])
@@ -155,7 +159,7 @@ def test_activations_follow_the_batch_rule_under_set_mesh(params, reference):
 def test_expert_parallel_forward_equals_unsharded(params, reference, moe_impl):
     cfg = dataclasses.replace(CFG, moe_impl=moe_impl)
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=1, tensor=2, expert=2))
-    sharded = sharding.shard_params(params, cfg, mesh)
+    sharded = models.shard_params(params, cfg, mesh)
     assert sharded["moe"]["up"].sharding.spec == P(None, "expert", "fsdp", "tensor")
     tokens, want = reference  # the dense, unsharded logits
     got = jax.jit(models.logits, static_argnums=0)(cfg, sharded, sharding.global_batch(tokens, mesh))
@@ -215,7 +219,7 @@ def _sampler_gathers(cfg, segments: int, mesh_cfg=MeshConfig(data=1, fsdp=8)) ->
     mesh = sharding.make_mesh(mesh_cfg)
     params = jax.eval_shape(functools.partial(models.init, cfg), jax.random.key(0))
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
-                          sharding.param_shardings(params, cfg, mesh))
+                          models.param_shardings(params, cfg, mesh))
     prompts = sampling.Prompts(jax.ShapeDtypeStruct((8, 4), jnp.int32), jax.ShapeDtypeStruct((8,), jnp.int32))
     scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1, cache_segments=segments)
     assert len(sampling.segment_ends(scfg)) == segments
@@ -268,3 +272,72 @@ def test_an_indivisible_dimension_warns_once_naming_rule_and_shape():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sharding.logical_spec(("batch", "heads", None), (4, 6, 8), mesh)  # the same (rule, shape): silent
+
+
+# ----------------------------------------------------------------------------- one-way imports
+def test_sharding_imports_neither_the_models_nor_the_run_config():
+    """The dependency runs one way, models -> sharding: importing sharding (in a fresh process) loads
+    no other grpo_jax module, and no grpo_jax module imports sharding inside a function to dodge a cycle."""
+    code = "import sys, grpo_jax.sharding; print(sorted(m for m in sys.modules if m.startswith('grpo_jax')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['grpo_jax',", "'grpo_jax.sharding']"]
+    late = []
+    for path in pathlib.Path(sharding.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                late += [f"{path.name}:{n.lineno}" for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))
+                         and "sharding" in ast.unparse(n)]
+    assert late == []
+
+
+# ----------------------------------------------------------------------------- sharding tolerance
+def _state(cfg):
+    optimizer = ts.make_optimizer(Config(model=cfg).optim, 10)
+    return jax.eval_shape(lambda: ts.init_state(models.init(cfg, jax.random.key(0)), optimizer))
+
+
+def test_adamw_state_on_an_fsdp_mesh_passes_the_sharding_tolerance_silently():
+    cfg = Config(model=CFG, mesh=MeshConfig(data=1, fsdp=8), algorithm=algorithms.AlgorithmConfig.from_preset("gspo"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts.compiled_train_step(cfg, 10, sharding.make_mesh(cfg.mesh))
+        assert sharding.check_replicated(_state(CFG), models.param_specs(CFG), sharding.make_mesh(cfg.mesh), 0.0) == 0
+        # a mesh of data alone keeps whole weights by design: nothing to check
+        assert sharding.check_replicated(_state(CFG), models.param_specs(CFG), sharding.make_mesh(MeshConfig()), 0.0) == 0
+
+
+def test_replicated_bytes_that_could_be_split_warn_once_naming_the_largest_leaves_and_the_rule():
+    """2 kv heads on tensor=4: k and v (params, mu, nu) stay whole, 9.6% of the state, within the
+    default tolerance; an optimizer leaf that matches no parameter is reported, not silently replicated."""
+    sharding._warn_once.cache_clear()
+    mesh = sharding.make_mesh(MeshConfig(data=2, tensor=4))
+    state, specs = _state(CFG), models.param_specs(CFG)
+    with pytest.warns(UserWarning, match=r"9\.6% of the train state's \d+ bytes stays whole on every device of the mesh "
+                      r"\(data=2, fsdp=1, tensor=4, expert=1\).*largest: layers/k \(12288 bytes in 3 leaves, shape "
+                      r"\(2, 32, 2, 8\): rule 'kv_heads' -> tensor=4 does not divide 2\); layers/v .*RULES, the MeshConfig"):
+        assert sharding.check_replicated(state, specs, mesh, 0.1) == pytest.approx(0.096, abs=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sharding.check_replicated(state, specs, mesh, 0.1)  # once
+    flat = {"state": state, "extra": {"moments": jax.ShapeDtypeStruct((1024,), jnp.float32)}}
+    with pytest.warns(UserWarning, match=r"\['extra'\]\['moments'\] \(4096 bytes in 1 leaves, shape \(1024,\) matches "
+                      r"no ParamSpec"):
+        sharding.check_replicated(flat, specs, sharding.make_mesh(MeshConfig(data=1, fsdp=8)), 0.1)
+
+
+def test_too_many_replicated_bytes_fail_before_compiling_with_what_to_change():
+    """4 heads on tensor=8: q, o, k and v stay whole, 28.8% of the train state, above the default 10%."""
+    cfg = Config(model=CFG, mesh=MeshConfig(data=1, tensor=8), algorithm=algorithms.AlgorithmConfig.from_preset("gspo"))
+    with pytest.raises(ValueError, match=r"28\.8% of the train state's .*largest: layers/o \(24576 bytes in 3 leaves, "
+                       r"shape \(2, 4, 8, 32\): rule 'heads' -> tensor=8 does not divide 4\).*and 1 more\. Change "
+                       r"grpo_jax.sharding.RULES.*above MeshConfig.max_replicated_fraction=0.1"):
+        ts.compiled_train_step(cfg, 10, sharding.make_mesh(cfg.mesh))
+    ok = dataclasses.replace(cfg, mesh=MeshConfig(data=1, tensor=8, max_replicated_fraction=0.3))
+    with pytest.warns(UserWarning, match=r"28\.8%.*within MeshConfig.max_replicated_fraction=0.3"):
+        ts.compiled_train_step(ok, 10, sharding.make_mesh(ok.mesh))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5])
+def test_max_replicated_fraction_is_a_fraction(bad):
+    with pytest.raises(ValueError, match=rf"MeshConfig.max_replicated_fraction={bad} must be in \[0, 1\]"):
+        MeshConfig(max_replicated_fraction=bad)

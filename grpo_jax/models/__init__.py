@@ -33,7 +33,8 @@ KV cache (for sampling; one code path with `forward`):
     cache = grow_cache(cfg, cache, max_len)  # empty slots appended up to max_len
     params = unstack_layers(params)          # one weight tree per layer: unrolled, extend reads them in place
 
-`grpo_jax.sharding.cache_shardings` shards the cache.
+`cache_shardings(cfg, mesh, batch, max_len)` shards the cache, `param_shardings(tree, cfg, mesh)` /
+`shard_params(params, cfg, mesh)` the params and the optimizer state (by `grpo_jax.sharding`'s rules).
 
 Params are a nested dict described by `param_specs(cfg)` (shape + logical axes of every leaf):
 embed [V, d]; layers/{attn_norm, q [L,d,H,hd], k, v [L,d,K,hd], o [L,H,hd,d], mlp_norm,
@@ -48,6 +49,7 @@ from grpo_jax.models.decoder import (
     LAYER_STACKS,
     MOE,
     ParamSpec,
+    cache_shardings,
     cache_specs,
     extend,
     forward,
@@ -58,9 +60,11 @@ from grpo_jax.models.decoder import (
     init_cache,
     layers_unrolled,
     logits,
+    param_shardings,
     param_specs,
     positions_from_segments,
     repeat_cache,
+    shard_params,
     unembed,
     unembedding,
     unstack_layers,
@@ -74,6 +78,7 @@ __all__ = [
     "MOE",
     "ModelConfig",
     "ParamSpec",
+    "cache_shardings",
     "cache_specs",
     "extend",
     "forward",
@@ -85,10 +90,12 @@ __all__ = [
     "layers_unrolled",
     "load_hf",
     "logits",
+    "param_shardings",
     "param_specs",
     "positions_from_segments",
     "repeat_cache",
     "save_hf",
+    "shard_params",
     "unembed",
     "unembedding",
     "unstack_layers",

@@ -20,10 +20,11 @@ the sampler's; bench/README.md).
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
@@ -32,13 +33,6 @@ from grpo_jax.typecheck import checked
 
 Params = dict[str, Any]
 Cache = dict[str, Any]  # see init_cache
-
-
-class ParamSpec(NamedTuple):
-    """Shape and logical axis names of one parameter (sharding rules map the names to mesh axes)."""
-
-    shape: tuple[int, ...]
-    axes: tuple[str | None, ...]
 
 
 def param_specs(cfg: ModelConfig) -> Params:
@@ -106,8 +100,21 @@ def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
     return specs
 
 
-def is_spec(x) -> bool:
-    return isinstance(x, ParamSpec)
+def param_shardings(tree: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
+    """NamedShardings for params or any pytree holding params-shaped subtrees (optimizer state), by
+    `sharding.tree_shardings` against `param_specs(cfg)`: a leaf whose key path ends like a parameter's
+    and has its shape is sharded like it; every other leaf (step counts, scalars) is replicated."""
+    return tree_shardings(tree, param_specs(cfg), mesh)
+
+
+def shard_params(params: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
+    """Places params (or optimizer state) on the mesh by the sharding rules."""
+    return jax.device_put(params, param_shardings(params, cfg, mesh))
+
+
+def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, max_len: int) -> Cache:
+    """NamedShardings for `init_cache(cfg, batch, max_len)` (batch over data+fsdp, kv heads over tensor)."""
+    return spec_shardings(cache_specs(cfg, batch, max_len), mesh)
 
 
 def init(cfg: ModelConfig, rng: jax.Array) -> Params:
@@ -371,8 +378,6 @@ def _constrain(x, axes: tuple[str | None, ...]):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    from grpo_jax.sharding import logical_spec  # sharding imports models: import late
-
     return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh))
 
 

@@ -20,7 +20,8 @@ import safetensors
 import safetensors.numpy
 
 from grpo_jax.models.config import DTYPES, ModelConfig
-from grpo_jax.models.decoder import Params, ParamSpec, is_spec, param_specs
+from grpo_jax.models.decoder import Params, param_specs
+from grpo_jax.sharding import ParamSpec, is_spec, spec_shardings
 
 _ST_DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32")  # safetensors dtype names we read
 MAX_SHARD_BYTES = 5 * 2**30  # the size of one safetensors file written (transformers' default, 5 GB)
@@ -190,8 +191,6 @@ def load_hf(
     if mesh is None:
         shardings = [jax.sharding.SingleDeviceSharding(jax.devices()[0])] * len(leaves)
     else:
-        from grpo_jax.sharding import spec_shardings  # sharding imports models: import late
-
         shardings = jax.tree.leaves(spec_shardings(param_specs(cfg), mesh))
     arrays = [_load_leaf(tensors, leaf, s, cfg.jnp_dtype) for leaf, s in zip(leaves, shardings)]
     return cfg, jax.tree.unflatten(treedef, arrays)
