@@ -36,7 +36,7 @@ from warm_start import WarmStart
 PAPER = "arXiv 2507.18071 (GSPO)"
 LEARNING_RATES = (3e-4, 8e-4, 2e-3)
 ARMS = {  # the paper's settings; the rest of the config is shared
-    "grpo": ["algorithm.preset=grpo", "algorithm.beta=0", "algorithm.eps_low=0.2", "algorithm.eps_high=0.27"],
+    "grpo": ["algorithm.preset=grpo", "algorithm.beta=0", "algorithm.loss.eps_low=0.2", "algorithm.loss.eps_high=0.27"],
     "gspo": ["algorithm.preset=gspo"],  # eps_low=3e-4, eps_high=4e-4, beta=0
 }
 

@@ -65,7 +65,7 @@ MODEL = [  # a tiny Qwen3-MoE: the quickstart's attention and width, every MLP a
     "model.moe_intermediate_size=64", "model.norm_topk_prob=true",
 ]
 HOT = ["train.minibatches=8", "optim.learning_rate=1.6e-3"]  # staler ratios and a larger step
-GRPO = ["algorithm.preset=grpo", "algorithm.beta=0", "algorithm.eps_low=0.2", "algorithm.eps_high=0.27"]
+GRPO = ["algorithm.preset=grpo", "algorithm.beta=0", "algorithm.loss.eps_low=0.2", "algorithm.loss.eps_high=0.27"]
 ALGORITHMS = {  # the paper's GRPO baseline (with and without replay) and GSPO
     "grpo": [*GRPO, "algorithm.routing_replay=none"],
     "grpo_r2": [*GRPO, "algorithm.routing_replay=old"],

@@ -46,10 +46,10 @@ from configs.quickstart import get_config as quickstart_config  # experiments/co
 
 from grpo_jax import trainer
 from grpo_jax import train_step as ts
-from grpo_jax.algorithms import LOSSES, PRESETS, AlgorithmConfig
+from grpo_jax.algorithms import PRESETS
 from grpo_jax.algorithms.presets_doc import PATH as PRESETS_DOC
 from grpo_jax.algorithms.presets_doc import with_study_table
-from grpo_jax.config import override
+from grpo_jax.config import AlgorithmConfig, override
 
 import study
 from warm_start import WarmStart
@@ -76,8 +76,8 @@ ORDERINGS = (
 def special(preset: str) -> tuple[list[str], str]:
     """The overrides a preset needs beyond the shared setting, and why (the table's note)."""
     alg = AlgorithmConfig.from_preset(preset)
-    if not LOSSES[alg.loss].ratio:
-        return ["train.minibatches=1"], (f"train.minibatches=1: its loss ({alg.loss}) has no importance ratio, "
+    if not alg.loss.spec.ratio:
+        return ["train.minibatches=1"], (f"train.minibatches=1: its loss ({alg.loss.name}) has no importance ratio, "
                                          "so one update per rollout batch (the others make 2)")
     if alg.reward_combine == "normalize_each":
         return ["reward.names=exact,length", "reward.weights=1,0.1"], (

@@ -1,10 +1,10 @@
 """Shared inputs of the algorithm tests: configurations built from the registries, random batches,
 the jitted policy loss and its float64 reference (`grpo_jax.algorithms.reference`).
 
-A newly registered loss is covered by every registry-wide test without touching this file; only a
-new field that needs a non-default value to exercise both branches of its variant goes into
-`TEST_FIELDS`. Batches hold groups of `GROUP` consecutive rows, with token ids from a vocabulary of
-three so that groups share tokens (GTPO's conflicts).
+A newly registered loss or estimator is covered by every registry-wide test without touching this
+file: its registration's `test_params` are the parameter values that exercise both branches of it.
+Batches hold groups of `GROUP` consecutive rows, with token ids from a vocabulary of three so that
+groups share tokens (GTPO's conflicts).
 """
 
 import dataclasses
@@ -28,15 +28,6 @@ from grpo_jax.algorithms import (
 
 LMAX = 8
 GROUP = 3  # completions per prompt in the test batches (rows [3k, 3k + 3) are one group)
-# Values of variant fields that make both branches of each variant occur on the random batches below
-# (clip ranges narrower than the noise, a covariance band and fractions that select a few tokens, an
-# entropy bound inside the entropies' range, k within the groups).
-TEST_FIELDS = dict(eps_low=0.1, eps_high=0.15, eps_max=1.1, clip_cov_ratio=0.25, clip_cov_lb=0.0,
-                   clip_cov_ub=1.0, kl_cov_ratio=0.25, neg_eps_low=0.05, neg_eps_high=0.12, seq_eps_low=0.03,
-                   seq_eps_high=0.04, holder_p=2.0, llds_coef=0.5, disco_beta=10.0, gtpo_entropy_max=1.1,
-                   egsw_alpha=0.5, egsw_temperature=0.7, pass_k=2, gapo_fraction=0.6)
-
-
 def aggregations_for(name):
     return tuple(a for a, spec in AGGREGATIONS.items() if spec.unit == LOSSES[name].unit)
 
@@ -45,15 +36,28 @@ def default_aggregation(name):
     return "seq_mean" if LOSSES[name].unit == "sequence" else "token_mean"
 
 
-def test_fields(spec):
-    """TEST_FIELDS restricted to the fields a registration reads."""
-    return {k: v for k, v in TEST_FIELDS.items() if k in spec.fields}
+def params_for(registry, name, **overrides):
+    """The parameters of variant `name` at its registration's test values, then `overrides`."""
+    spec = registry[name]
+    return spec.params(**{**spec.test_params, **overrides})
+
+
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+
+
+def split(overrides):
+    """(AlgorithmConfig fields, the part's parameters) of keyword overrides, by name."""
+    return ({k: v for k, v in overrides.items() if k in CONFIG_FIELDS},
+            {k: v for k, v in overrides.items() if k not in CONFIG_FIELDS})
 
 
 def cfg_for(name, aggregation=None, **overrides):
-    """A config of loss `name` with TEST_FIELDS for the fields it reads, beta = 0, then `overrides`."""
-    return AlgorithmConfig(**{"loss": name, "aggregation": aggregation or default_aggregation(name), "beta": 0.0,
-                              **test_fields(LOSSES[name]), **overrides})
+    """A config of loss `name` at its test parameters (or of the loss parameters `name` as given), beta
+    = 0, then `overrides`: AlgorithmConfig fields by their names, the others the loss's parameters."""
+    fields, params = split(overrides)
+    loss = params_for(LOSSES, name, **params) if isinstance(name, str) else dataclasses.replace(name, **params)
+    return AlgorithmConfig(**{"loss": loss, "aggregation": aggregation or default_aggregation(loss.name), "beta": 0.0,
+                              **fields})
 
 
 # Every loss once, the aggregations of its unit taken in turn (every aggregation is seen).
@@ -72,8 +76,10 @@ def all_options(i, name):
 
 
 def advantage_cfg(name, **overrides):
-    """A config of advantage `name` with TEST_FIELDS for the fields it reads, then `overrides`."""
-    return AlgorithmConfig(advantage=name, adv_eps=1e-6, **{**test_fields(ADVANTAGES[name]), **overrides})
+    """A config of advantage `name` at its test parameters, then `overrides`: AlgorithmConfig fields by
+    their names, the others the estimator's parameters."""
+    fields, params = split(overrides)
+    return AlgorithmConfig(advantage=params_for(ADVANTAGES, name, **params), **fields)
 
 
 def make_batch(seed=0, shape=(6, 6), noise=0.15, token_adv=False, density=0.75, fixed_rows=True):

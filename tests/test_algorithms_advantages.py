@@ -172,7 +172,7 @@ def test_ngrpo_by_hand():
     r = np.array([0, 0, 0, 1, 1, 1, 1, 0, 0], np.float32)
     np.testing.assert_allclose(compute_advantages(cfg("ngrpo"), r, group_size=3),
                                [-0.5] * 3 + [0] * 3 + [math.sqrt(3) / 2, -math.sqrt(3) / 2, -math.sqrt(3) / 2], atol=1e-5)
-    two = compute_advantages(cfg("ngrpo", ngrpo_virtual_samples=2, ngrpo_max_reward=2.0), r[:3], group_size=3)
+    two = compute_advantages(cfg("ngrpo", virtual_samples=2, max_reward=2.0), r[:3], group_size=3)
     np.testing.assert_allclose(two, [-0.8 / math.sqrt(4.8 / 4)] * 3, rtol=1e-5)  # mean 4/5, var (3 * .64 + 2 * 1.44) / 4
 
 
@@ -184,7 +184,7 @@ def test_gapo_by_hand():
     q, scale = 0.1, math.sqrt(((r.astype(np.float64) - 0.1) ** 2).sum() / 4)
     np.testing.assert_allclose(compute_advantages(cfg("gapo"), r, group_size=5), (r - q) / scale, rtol=1e-5)
     ties = np.array([3.0, 0.0, 2.0, 1.0], np.float32)
-    np.testing.assert_allclose(compute_advantages(cfg("gapo", gapo_fraction=0.5), ties, group_size=4),
+    np.testing.assert_allclose(compute_advantages(cfg("gapo", fraction=0.5), ties, group_size=4),
                                (ties - 0.5) / math.sqrt(((ties - 0.5) ** 2).sum() / 3), rtol=1e-5)
 
 
@@ -216,12 +216,12 @@ def test_pass_at_k_by_hand():
     (1 - 1/2) / (1/2) = 1, a wrong one (1 - 1/2 - C(2, 1) / C(3, 1)) / (1/2) = -1/3. k = 1 is GRPO with
     the population std."""
     r = np.array([1, 0, 0, 0], np.float32)
-    np.testing.assert_allclose(compute_advantages(cfg("pass_at_k", pass_k=2), r, group_size=4), [1, -1 / 3, -1 / 3, -1 / 3],
+    np.testing.assert_allclose(compute_advantages(cfg("pass_at_k", k=2), r, group_size=4), [1, -1 / 3, -1 / 3, -1 / 3],
                                rtol=1e-5)
-    one = compute_advantages(cfg("pass_at_k", pass_k=1), r, group_size=4)
+    one = compute_advantages(cfg("pass_at_k", k=1), r, group_size=4)
     np.testing.assert_allclose(one, (r - 0.25) / r.std(), rtol=1e-5)
-    with pytest.raises(ValueError, match="pass_k=4 needs at least 4 completions"):
-        compute_advantages(cfg("pass_at_k", pass_k=4), r[:3], group_size=3)
+    with pytest.raises(ValueError, match="k=4.* needs at least 4 completions"):
+        compute_advantages(cfg("pass_at_k", k=4), r[:3], group_size=3)
 
 
 def test_normalize_each_is_the_sum_of_per_reward_advantages():

@@ -10,7 +10,8 @@ import pytest
 from _algorithm_cases import LMAX, aggregations_for, all_options, cfg_for, make_batch, reference_loss, run
 
 from grpo_jax import metrics
-from grpo_jax.algorithms import LOSSES, AlgorithmConfig, normalizer, policy_loss, reference, step_stats
+from grpo_jax.algorithms import LOSSES, losses, normalizer, policy_loss, reference, step_stats
+from grpo_jax.config import AlgorithmConfig
 
 
 def check_against_reference(cfg, x):
@@ -38,8 +39,8 @@ def test_token_level_advantages_match_reference(name):
 
 
 EXTRAS = {
-    "dual_clip_and_delta": dict(loss="ppo_clip", delta=1.3, clip_c=1.25),
-    "gspo_dual_clip": dict(loss="gspo", eps_low=0.02, eps_high=0.03, clip_c=1.02),
+    "dual_clip_and_delta": dict(loss=losses.PpoClip(delta=1.3, clip_c=1.25)),
+    "gspo_dual_clip": dict(loss=losses.Gspo(eps_low=0.02, eps_high=0.03, clip_c=1.02)),
     "kl_k1": dict(loss="ppo_clip", beta=0.1, kl_estimator="k1"),
     "kl_k2": dict(loss="ppo_clip", beta=0.1, kl_estimator="k2"),
     "kl_k3": dict(loss="ppo_clip", beta=0.1, kl_estimator="k3"),
@@ -49,7 +50,8 @@ EXTRAS = {
     # 0.45: the quantile falls between two counted entropies (at a position such as (n - 1) * 0.6 = 15, float32
     # and float64 round the interpolation differently and may disagree on the token at the threshold)
     "top_entropy": dict(loss="ppo_clip", top_entropy_quantile=0.45),
-    "top_entropy_clip_cov_kl": dict(loss="clip_cov", top_entropy_quantile=0.6, beta=0.1),
+    "top_entropy_clip_cov_kl": dict(loss=losses.ClipCov(**LOSSES["clip_cov"].test_params), top_entropy_quantile=0.6,
+                                    beta=0.1),
     "off_policy_mask": dict(loss="ppo_clip", off_policy_threshold=0.03),
     "off_policy_mask_gspo": dict(loss="gspo", off_policy_threshold=0.03),
     **{f"tis_{level}_{mode}": dict(loss="ppo_clip", tis_level=level, tis_mode=mode, tis_cap=cap)
@@ -79,7 +81,7 @@ def test_correction_options_really_act():
 
 
 # Losses in which D also enters without an exponent, so |D| = 100 and |D| = 20 differ by design.
-LINEAR_IN_D = {"kl_cov": "kl_cov_coef |D|", "gvpo": "beta sum_t D", "disco": "beta [mean(l^old - l) - delta]_+"}
+LINEAR_IN_D = {"kl_cov": "coef |D|", "gvpo": "beta sum_t D", "disco": "beta [mean(l^old - l) - delta]_+"}
 
 
 def test_every_log_ratio_is_clamped():
@@ -109,7 +111,7 @@ def test_step_selections_match_reference():
     x = make_batch(seed=11, shape=(6, 7), noise=0.1)
     x64 = {k: np.asarray(v, np.float64) for k, v in x.items()}
     # the last: a fraction larger than the candidates, so all candidates are taken
-    for cfg in (cfg_for("clip_cov"), cfg_for("kl_cov", top_entropy_quantile=0.3), cfg_for("clip_cov", clip_cov_ratio=0.9)):
+    for cfg in (cfg_for("clip_cov"), cfg_for("kl_cov", top_entropy_quantile=0.3), cfg_for("clip_cov", ratio=0.9)):
         stats = step_stats(cfg, x["logp"], x["old_logp"], x["advantages"], x["mask"], x["entropy"], x["priority"])
         want, keep = reference.step_statistics(cfg, x64["logp"], x64["old_logp"], x64["advantages"], x64["mask"],
                                                x64["entropy"], x["priority"])
@@ -130,7 +132,7 @@ LN = np.log
 
 
 def test_hand_ppo_clip():
-    cfg = AlgorithmConfig(loss="ppo_clip", aggregation="token_mean", beta=0.0, eps_low=0.2, eps_high=0.2)
+    cfg = AlgorithmConfig(loss=losses.PpoClip(eps_low=0.2, eps_high=0.2), aggregation="token_mean", beta=0.0)
     # one completion, A = 2, ratios 1.5 (clipped at 1.2), 0.5 (not clipped for A > 0), 1.1
     loss, m = hand_loss(cfg, [[LN(1.5), LN(0.5), LN(1.1)]], [[0.0, 0.0, 0.0]], [2.0], [[1, 1, 1]])
     assert loss == pytest.approx((-min(1.5 * 2, 1.2 * 2) - min(0.5 * 2, 0.8 * 2) - 1.1 * 2) / 3)  # (-2.4-1-2.2)/3
@@ -143,17 +145,17 @@ def test_hand_ppo_clip():
     loss, m = hand_loss(cfg, [[LN(0.5), LN(3.0)]], [[0.0, 0.0]], [-1.0], [[1, 1]])
     assert loss == pytest.approx((0.8 + 3.0) / 2)
     assert m["clip_frac_low"] == 0.5 and m["clip_frac_high"] == 0
-    dual = dataclasses.replace(cfg, clip_c=2.5)
+    dual = dataclasses.replace(cfg, loss=losses.PpoClip(clip_c=2.5))
     loss, m = hand_loss(dual, [[LN(0.5), LN(3.0)]], [[0.0, 0.0]], [-1.0], [[1, 1]])
     assert loss == pytest.approx((0.8 + 2.5) / 2) and m["clip_frac_high"] == 0.5
     # delta = 2 caps the unclipped ratio: A = -1, r = 3 -> -min(2 * -1, 1.2 * -1) = 2; r = 1.5 is not capped
-    capped = dataclasses.replace(cfg, delta=2.0)
+    capped = dataclasses.replace(cfg, loss=losses.PpoClip(delta=2.0))
     loss, m = hand_loss(capped, [[LN(3.0), LN(1.5)]], [[0.0, 0.0]], [-1.0], [[1, 1]])
     assert loss == pytest.approx((2.0 + 1.5) / 2) and m["delta_capped_frac"] == 0.5
 
 
 def test_hand_gspo_clips_per_sequence_and_per_token():
-    cfg = AlgorithmConfig.from_preset("gspo", eps_low=0.1, eps_high=0.1)
+    cfg = AlgorithmConfig.from_preset("gspo", loss=losses.Gspo(eps_low=0.1, eps_high=0.1))
     # seq 1: ratios 2 and 0.5 -> s = sqrt(2 * 0.5) = 1, A = 1 -> u = -1
     # seq 2: ratios 4 and 1 -> s = sqrt(4) = 2, A = 1 -> clipped to 1.1 -> u = -1.1
     # seq 3: one token, ratio 0.5, A = -2 -> max(0.5 * 2, 0.9 * 2) -> u = 1.8 (clipped low); seq 4 empty
@@ -166,7 +168,7 @@ def test_hand_gspo_clips_per_sequence_and_per_token():
 
 
 def test_hand_gspo_token():
-    cfg = AlgorithmConfig.from_preset("gspo_token", eps_low=0.1, eps_high=0.1)
+    cfg = AlgorithmConfig.from_preset("gspo_token", loss=losses.GspoToken(eps_low=0.1, eps_high=0.1))
     # s = sqrt(2 * 0.5) = 1 for both tokens; token advantages 1 and -3 -> u = -1, +3; mean over tokens
     loss, _ = hand_loss(cfg, [[LN(2), LN(0.5)]], [[0.0, 0.0]], [[1.0, -3.0]], [[1, 1]])
     assert loss == pytest.approx((-1 + 3) / 2)
@@ -189,7 +191,7 @@ def test_hand_sapo():
 
 
 def test_hand_cispo():
-    cfg = AlgorithmConfig.from_preset("cispo", eps_max=2.0)
+    cfg = AlgorithmConfig.from_preset("cispo", loss=losses.Cispo(eps_max=2.0))
     # r = e^1 > 2 -> weight 2; u = -2 * A * l = -2 * 1 * (-1) = 2; second token r = 1: u = -1 * 1 * (-2) = 2
     loss, m = hand_loss(cfg, [[-1.0, -2.0]], [[-2.0, -2.0]], [1.0], [[1, 1]])
     assert loss == pytest.approx((2 + 2) / 2) and m["clip_frac_high"] == 0.5
@@ -202,19 +204,18 @@ def test_hand_clip_cov_and_kl_cov():
     priority = np.array([[3, 2], [1, 0]], np.int32)
     # Clip-Cov, band (0.5, 2), fraction 0.5 -> 2 tokens; candidates: cov 1.125 and 1.875, both picked:
     # their -A r terms vanish, leaving u = (0, -2 | 1, 0) -> token mean -1/4
-    cfg = AlgorithmConfig(loss="clip_cov", aggregation="token_mean", beta=0.0, clip_cov_ratio=0.5,
-                          clip_cov_lb=0.5, clip_cov_ub=2.0)
+    cfg = AlgorithmConfig(loss=losses.ClipCov(ratio=0.5, lb=0.5, ub=2.0), aggregation="token_mean", beta=0.0)
     stats = step_stats(cfg, logp, logp, adv, mask, np.ones((2, 2)), priority)
     np.testing.assert_array_equal(stats.loss["select"], [[1, 0], [0, 1]])
     loss, m = hand_loss(cfg, logp, logp, adv, mask, stats=stats)
     assert loss == pytest.approx(-1 / 4) and m["cov_selected_frac"] == 0.5
     # fraction 0.25 -> 1 token: the candidate of lowest priority, (1, 1)
-    one = dataclasses.replace(cfg, clip_cov_ratio=0.25)
+    one = dataclasses.replace(cfg, loss=losses.ClipCov(ratio=0.25, lb=0.5, ub=2.0))
     np.testing.assert_array_equal(step_stats(one, logp, logp, adv, mask, np.ones((2, 2)), priority).loss["select"],
                                   [[0, 0], [0, 1]])
     # KL-Cov, fraction 0.25 -> the largest covariance, (1, 1); with D = 0.5 there (coef 2):
     # u = -A r + coef |D| sel = (-2, -2 | 1, e^0.5 + 1)
-    kl = AlgorithmConfig(loss="kl_cov", aggregation="token_mean", beta=0.0, kl_cov_ratio=0.25, kl_cov_coef=2.0)
+    kl = AlgorithmConfig(loss=losses.KlCov(ratio=0.25, coef=2.0), aggregation="token_mean", beta=0.0)
     stats = step_stats(kl, logp, logp, adv, mask, np.ones((2, 2)), priority)
     np.testing.assert_array_equal(stats.loss["select"], [[0, 0], [0, 1]])
     old = np.array(logp) - np.array([[0, 0], [0, 0.5]])

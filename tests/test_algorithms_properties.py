@@ -25,7 +25,8 @@ from _algorithm_cases import (
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from grpo_jax import metrics
-from grpo_jax.algorithms import LOSSES, AlgorithmConfig, StepStats, normalizer
+from grpo_jax.algorithms import LOSSES, StepStats, losses, normalizer
+from grpo_jax.config import AlgorithmConfig
 
 SHAPE = (6, 6)  # make_batch's default: the jitted losses of the other test files are reused
 
@@ -43,15 +44,15 @@ def ratio_one(seed, token_adv):
 
 def on_policy_advantages(cfg, x):
     """The advantages whose REINFORCE gradient the loss must have at ratio 1: its declared
-    `on_policy(cfg, x)` (with the step statistics of x), else x's own."""
-    spec = LOSSES[cfg.loss]
+    `on_policy(params, x)` (with the step statistics of x), else x's own."""
+    spec = cfg.loss.spec
     if spec.on_policy is None:
         return x["advantages"]
     mask = jnp.asarray(x["mask"])
     adv = jnp.asarray(x["advantages"])
     unit_adv = adv if spec.unit == "sequence" else (adv if adv.ndim == 2 else adv[:, None] * mask) * mask
     inputs = types.SimpleNamespace(advantages=unit_adv, mask=mask, stats=stats_for(cfg, x).loss)
-    return np.asarray(spec.on_policy(cfg, inputs), np.float32)
+    return np.asarray(spec.on_policy(cfg.loss, inputs), np.float32)
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
@@ -64,7 +65,7 @@ def test_at_ratio_one_every_loss_has_the_reinforce_gradient(name):
     for seed, token_adv in enumerate(token_advs):
         x = ratio_one(seed, token_adv)
         cfg = cfg_for(name)
-        agg = "seq_mean_token_mean" if cfg.aggregation == "seq_mean" else cfg.aggregation
+        agg = "seq_mean_token_mean" if cfg.aggregation.name == "seq_mean" else cfg.aggregation
         reinforce = AlgorithmConfig(loss="reinforce", aggregation=agg, beta=0.0)
         grad = run(cfg, x)[1]
         want = run(reinforce, {**x, "advantages": on_policy_advantages(cfg, x)})[1]
@@ -73,8 +74,8 @@ def test_at_ratio_one_every_loss_has_the_reinforce_gradient(name):
 
 
 def test_gspo_token_equals_gspo_with_sequence_advantages():
-    gspo = AlgorithmConfig.from_preset("gspo", eps_low=0.03, eps_high=0.04)
-    token = replace(gspo, loss="gspo_token", aggregation="seq_mean_token_mean")
+    gspo = AlgorithmConfig.from_preset("gspo", loss=losses.Gspo(eps_low=0.03, eps_high=0.04))
+    token = replace(gspo, loss=losses.GspoToken(eps_low=0.03, eps_high=0.04), aggregation="seq_mean_token_mean")
     for seed, noise in enumerate((0.02, 0.1, 0.3)):
         x = make_batch(seed, SHAPE, noise=noise)
         (l1, g1, _), (l2, g2, _) = run(gspo, x), run(token, x)
@@ -128,10 +129,10 @@ def test_masked_tokens_never_matter(i, name):
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_clip_fractions_count_exactly_the_clipped_units(name):
     """Clip fractions (per clip unit and token-weighted) and their unit counts equal the float64
-    reference's flags, at two noise levels and, for losses that read clip_c, with dual clip."""
-    duals = (None, 1.2) if "clip_c" in LOSSES[name].fields else (None,)
+    reference's flags, at two noise levels and, for the clipped surrogates (Clip parameters), with dual clip."""
+    duals = (None, 1.2) if issubclass(LOSSES[name].params, losses.Clip) else (None,)
     for seed, (noise, clip_c) in enumerate((n, c) for n in (0.1, 0.4) for c in duals):
-        cfg = cfg_for(name, clip_c=clip_c)
+        cfg = cfg_for(name, **({} if clip_c is None else dict(clip_c=clip_c)))
         x = make_batch(seed, SHAPE, noise=noise)
         _, _, m = run(cfg, x)
         _, fractions, _, units = reference_loss(cfg, x)
@@ -161,7 +162,7 @@ def test_clip_flags_mark_units_whose_gradient_the_clip_removed():
 
 
 def test_gspo_ratio_is_the_length_normalized_sequence_likelihood_ratio():
-    cfg = AlgorithmConfig.from_preset("gspo", eps_low=0.999, eps_high=1e6)  # never clipped: loss = -s
+    cfg = AlgorithmConfig.from_preset("gspo", loss=losses.Gspo(eps_low=0.999, eps_high=1e6))  # never clipped: loss = -s
     for seed, length in enumerate((1, 4, 7)):
         x = make_batch(seed, (1, 7), noise=0.5, fixed_rows=False)
         x["mask"] = (np.arange(7) < length).astype(np.float32)[None]
@@ -176,9 +177,9 @@ WHOLE_STEP = [name for name, spec in LOSSES.items() if spec.stats or spec.needs_
 
 
 @pytest.mark.parametrize("cfg", [
-    AlgorithmConfig.from_preset("gspo", eps_low=0.1, eps_high=0.15),
-    AlgorithmConfig.from_preset("dr_grpo", eps_low=0.1, eps_high=0.15),
-    AlgorithmConfig.from_preset("dapo", eps_low=0.1, eps_high=0.15),
+    AlgorithmConfig.from_preset("gspo", loss=losses.Gspo(eps_low=0.1, eps_high=0.15)),
+    AlgorithmConfig.from_preset("dr_grpo", loss=losses.PpoClip(eps_low=0.1, eps_high=0.15)),
+    AlgorithmConfig.from_preset("dapo", loss=losses.PpoClip(eps_low=0.1, eps_high=0.15)),
     cfg_for("clip_cov", top_entropy_quantile=0.5),
     *map(cfg_for, WHOLE_STEP),
 ], ids=["gspo", "dr_grpo", "dapo", "clip_cov_top_entropy", *WHOLE_STEP])

@@ -1,4 +1,4 @@
-"""The loss variants of issue 18 by hand (numbers worked out in the comments, independent of both
+"""The loss variants by hand (numbers worked out in the comments, independent of both
 implementations) and as the losses they generalize, at the parameter values where they reduce."""
 
 import math
@@ -9,7 +9,8 @@ import pytest
 from _algorithm_cases import LMAX, cfg_for, make_batch, run
 
 from grpo_jax import metrics
-from grpo_jax.algorithms import AlgorithmConfig, normalizer, policy_loss, step_stats
+from grpo_jax.algorithms import losses, normalizer, policy_loss, step_stats
+from grpo_jax.config import AlgorithmConfig
 
 LN = np.log
 
@@ -27,11 +28,11 @@ def hand_loss(cfg, logp, old_logp, adv, mask, entropy=None, tokens=None, group_s
 
 
 @pytest.mark.parametrize("variant, fields, generalized", [
-    ("holder", dict(holder_p=0.0), "gspo"),  # the power mean at p = 0 is the geometric mean
-    ("dhpo", dict(dhpo_alpha=1.0), "ppo_clip"),  # the token branch alone
-    ("dhpo", dict(dhpo_alpha=0.0, seq_eps_low=0.1, seq_eps_high=0.15), "gspo_token"),  # the sequence branch alone
-    ("egsw", dict(egsw_alpha=0.0, egsw_temperature=1e6), "ppo_clip"),  # uniform weights
-    ("llds", dict(llds_coef=0.0), "ppo_clip"),
+    ("holder", dict(p=0.0), "gspo"),  # the power mean at p = 0 is the geometric mean
+    ("dhpo", dict(alpha=1.0), "ppo_clip"),  # the token branch alone
+    ("dhpo", dict(alpha=0.0, seq_eps_low=0.1, seq_eps_high=0.15), "gspo_token"),  # the sequence branch alone
+    ("egsw", dict(alpha=0.0, temperature=1e6), "ppo_clip"),  # uniform weights
+    ("llds", dict(coef=0.0), "ppo_clip"),
 ])
 def test_variants_reduce_to_what_they_generalize(variant, fields, generalized):
     x = make_batch(seed=4, noise=0.3)
@@ -44,7 +45,7 @@ def test_hand_holder_power_means():
     """Token ratios 2 and 1/2, A = 1, a clip range wide enough not to act: the loss is -M_p:
     p = 1 arithmetic 5/4, p = 0 geometric 1, p = -1 harmonic 2 / (1/2 + 2) = 4/5, p = 2 sqrt(17/8)."""
     for p, mean in ((1.0, 1.25), (0.0, 1.0), (-1.0, 0.8), (2.0, math.sqrt(17 / 8))):
-        cfg = AlgorithmConfig(loss="holder", aggregation="seq_mean", beta=0.0, holder_p=p, eps_low=0.9, eps_high=9.0)
+        cfg = AlgorithmConfig(loss=losses.Holder(p=p, eps_low=0.9, eps_high=9.0), aggregation="seq_mean", beta=0.0)
         loss, _, _ = hand_loss(cfg, [[LN(2), LN(0.5)]], [[0.0, 0.0]], [1.0], [[1, 1]], group_size=1)
         assert loss == pytest.approx(-mean, rel=1e-6), p
 
@@ -69,7 +70,7 @@ def test_hand_sspo_is_the_geometric_mean_of_sapo_gates():
 def test_hand_llds_penalizes_only_falling_likelihoods_of_non_negative_completions():
     """coef 0.5, wide clip. Completion 1 (A = 1, D = (-0.5, 0.2), sum < 0): penalty 0.5 * 0.5 on its
     first token; completion 2 (A = 1, D = (0.5, -0.2), sum > 0) and 3 (A = -1, D = (-0.5, 0.2)): none."""
-    cfg = AlgorithmConfig(loss="llds", aggregation="token_mean", beta=0.0, eps_low=0.9, eps_high=9.0, llds_coef=0.5)
+    cfg = AlgorithmConfig(loss=losses.Llds(eps_low=0.9, eps_high=9.0, coef=0.5), aggregation="token_mean", beta=0.0)
     d = np.array([[-0.5, 0.2], [0.5, -0.2], [-0.5, 0.2]])
     loss, m, _ = hand_loss(cfg, d, np.zeros((3, 2)), [1.0, 1.0, -1.0], np.ones((3, 2)), group_size=1)
     surrogate = -np.exp(d[0]).sum() - np.exp(d[1]).sum() + np.exp(d[2]).sum()
@@ -126,7 +127,7 @@ def test_hand_gtpo_conflict_tokens():
         np.array([1, 2, 2, 2]) * pos / 3,  # backward {1, 2, 3}
     ]
     np.testing.assert_allclose(stats["advantages"], want, rtol=1e-6)
-    # the entropy filter: a completion above gtpo_entropy_max gets 0
+    # the entropy filter: a completion above entropy_max gets 0
     _, _, stats = hand_loss(cfg, -np.ones((3, 4)), -np.ones((3, 4)), [1.0, -1.0, 1.0], np.ones((3, 4)),
                             entropy=np.full((3, 4), 0.9), tokens=tokens, group_size=3)
     assert (np.asarray(stats["advantages"]) == 0).all()

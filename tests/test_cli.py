@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from grpo_jax.algorithms import losses
 from grpo_jax.config import Config, CountdownConfig, FileTaskConfig, flatten, override
 from grpo_jax.rewards import REWARDS
 from grpo_jax.train import load_config, parse_args
@@ -18,17 +19,21 @@ def test_values_parse_by_field_type():
     cfg = parse_args([
         "--config", str(QUICKSTART),
         "--set", "train.steps=7", "--set", "optim.learning_rate=2.5e-4", "--set", "train.export_hf=true",
-        "--set", "sampling.stop_tokens=5,6", "--set", "algorithm.delta=none", "--set", "reward.names=exact",
+        "--set", "sampling.stop_tokens=5,6", "--set", "algorithm.loss.delta=none", "--set", "reward.names=exact",
         "--set", "task.max_value=99",
     ])
     assert cfg.train.steps == 7 and cfg.optim.learning_rate == 2.5e-4 and cfg.train.export_hf is True
-    assert cfg.sampling.stop_tokens == (5, 6) and cfg.algorithm.delta is None
+    assert cfg.sampling.stop_tokens == (5, 6) and cfg.algorithm.loss.delta is None
     assert cfg.reward.names == ("exact",) and cfg.task.max_value == 99
 
 
 def test_preset_applies_first_and_explicit_fields_win():
-    cfg = override(load_config(QUICKSTART), ["algorithm.eps_high=0.3", "algorithm.preset=dapo"])
-    assert cfg.algorithm.loss == "ppo_clip" and cfg.algorithm.dynamic_sampling and cfg.algorithm.eps_high == 0.3
+    cfg = override(load_config(QUICKSTART), ["algorithm.loss.eps_low=0.3", "algorithm.preset=dapo"])
+    assert cfg.algorithm.loss.name == "ppo_clip" and cfg.algorithm.dynamic_sampling
+    assert (cfg.algorithm.loss.eps_low, cfg.algorithm.loss.eps_high) == (0.3, 0.28)  # the preset's eps_high kept
+    cfg = override(load_config(QUICKSTART), ["algorithm.loss.eps_high=4e-3", "algorithm.loss=gspo_token",
+                                             "algorithm.aggregation=token_mean"])
+    assert cfg.algorithm.loss == losses.GspoToken(eps_high=4e-3) and cfg.algorithm.aggregation.name == "token_mean"
 
 
 @pytest.mark.parametrize(
@@ -41,7 +46,9 @@ def test_preset_applies_first_and_explicit_fields_win():
         ("train.export_hf=maybe", "expected true or false"),
         ("train.steps", "expected key=value"),
         ("algorithm.preset=gspp", "known: "),
-        ("algorithm.loss=nope", "AlgorithmConfig.loss='nope' is unknown"),
+        ("algorithm.loss=nope", "AlgorithmConfig.loss: unknown loss 'nope'"),
+        ("algorithm.loss.eps_hihg=0.3", "did you mean 'eps_high'"),
+        ("algorithm.eps_high=0.3", r"--set algorithm.loss.eps_high= \(eps_high is a parameter of algorithm.loss\)"),
         ("model_options.remat=dots", "for a model from scratch set dtype, compute_dtype, remat"),
     ],
 )
@@ -78,7 +85,7 @@ def test_a_task_is_named_on_the_command_line_then_its_fields_set():
         assert cfg.task == CountdownConfig(max_number=50)
     cfg = override(load_config(QUICKSTART), ["task=file", "task.path=train.jsonl"])
     assert cfg.task == FileTaskConfig(path="train.jsonl") and flatten(cfg)["task"] == "file"
-    with pytest.raises(ValueError, match="--set task=countdwn: unknown task 'countdwn'; known: .*'countdown'"):
+    with pytest.raises(ValueError, match="--set task=countdwn: unknown task 'countdwn'; did you mean 'countdown'\? known: "):
         override(load_config(QUICKSTART), ["task=countdwn"])
     with pytest.raises(ValueError, match="CountdownConfig has no field 'max_value'"):  # arithmetic's field, not countdown's
         override(load_config(QUICKSTART), ["task=countdown", "task.max_value=9"])

@@ -23,9 +23,9 @@ LAYERS = 2  # of 48: the scanned layer stack lowers alike for any depth
 
 def test_the_arms_differ_only_in_the_objective():
     a, b = gspo.get_config(), grpo.get_config()
-    assert (a.algorithm.loss, a.algorithm.eps_low, a.algorithm.eps_high, a.algorithm.routing_replay) == (
+    assert (a.algorithm.loss.name, a.algorithm.loss.eps_low, a.algorithm.loss.eps_high, a.algorithm.routing_replay) == (
         "gspo", 3e-4, 4e-4, "none")
-    assert (b.algorithm.loss, b.algorithm.eps_low, b.algorithm.eps_high, b.algorithm.routing_replay) == (
+    assert (b.algorithm.loss.name, b.algorithm.loss.eps_low, b.algorithm.loss.eps_high, b.algorithm.routing_replay) == (
         "ppo_clip", 0.2, 0.27, "old")
     assert a.algorithm.beta == b.algorithm.beta == 0 and a.algorithm.num_iterations == b.algorithm.num_iterations == 1
     assert a.train.minibatches == 4

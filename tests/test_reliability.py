@@ -106,7 +106,7 @@ BAD_INPUTS = {
     "b1 above 1": (["optim.b1=1.5"], None, ValueError, r"OptimConfig.b1=1.5 must be in \[0, 1\)"),
     "negative warmup": (["optim.warmup_steps=-5"], None, ValueError, "warmup_steps=-5 must be >= 0"),
     "zero minibatches": (["train.minibatches=0"], None, ValueError, "TrainConfig.minibatches=0 must be >= 1"),
-    "nan algorithm field": (["algorithm.eps_low=nan"], None, ValueError, "Config.algorithm.eps_low=nan is not finite"),
+    "nan algorithm field": (["algorithm.loss.eps_low=nan"], None, ValueError, "algorithm.loss.eps_low=nan"),
     "infinite temperature": (["sampling.temperature=inf"], None, ValueError, "temperature=inf must be finite"),
     "names without weights": (["reward.names=exact,format"], None, ValueError, "give one weight per name"),
     "unknown reward": (["reward.names=exakt"], None, ValueError, r"unknown reward\(s\) \['exakt'\]"),

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _algorithm_cases import split
 
 from grpo_jax import algorithms, models, sharding
 from grpo_jax import metrics as metrics_lib
@@ -25,14 +26,21 @@ B, PROMPT, NEW = 8, 5, 6
 
 
 # An untrained model's entropies (about log V) exceed GTPO's filter, which would zero every advantage.
-PRESET_FIELDS = {"gtpo": dict(gtpo_entropy_max=10.0)}
+PRESET_FIELDS = {"gtpo": dict(entropy_max=10.0)}
+
+
+def algorithm_config(preset: str, **overrides) -> algorithms.AlgorithmConfig:
+    """The preset with `overrides`: AlgorithmConfig fields by name, the others the loss's parameters."""
+    fields, params = split(overrides)
+    cfg = algorithms.AlgorithmConfig.from_preset(preset, **fields)
+    return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, **params))
 
 
 def config(preset: str, micro_batches: int = 2, minibatches: int = 1, **algorithm) -> Config:
     return Config(
         model=MODEL,
         sampling=SamplingConfig(max_prompt_len=PROMPT, max_new_tokens=NEW, group_size=4, temperature=0.7),
-        algorithm=algorithms.AlgorithmConfig.from_preset(preset, **{**PRESET_FIELDS.get(preset, {}), **algorithm}),
+        algorithm=algorithm_config(preset, **{**PRESET_FIELDS.get(preset, {}), **algorithm}),
         optim=OPTIM,
         train=TrainConfig(micro_batches=micro_batches, minibatches=minibatches),
     )
@@ -255,7 +263,7 @@ def test_step_statistics_are_those_of_the_whole_minibatch(params, rollouts):
     """Clip-Cov with top-entropy selection over 2 micro-batches: the decisions are taken on the whole
     minibatch by the no-grad pass, so loss and gradient equal the unsplit full-logits reference's
     with the decisions of the unsplit batch."""
-    cfg = config("dapo", 2, loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0,
+    cfg = config("dapo", 2, loss="clip_cov", ratio=0.2, lb=0.0, ub=10.0,
                  top_entropy_quantile=0.5)
     batch = make_batch(rollouts, 0.2)
     loss, grads = jax.jit(jax.value_and_grad(reference_loss, argnums=1), static_argnums=(0, 2))(cfg, params, None, batch)
@@ -304,7 +312,7 @@ def test_logprobs_impl_switch_reaches_the_kernel(rollouts, impl, full_logits):
 @pytest.mark.parametrize("preset, micro_batches, fields", [
     ("gspo", 1, {}),
     # step statistics (the no-grad pass), a reference model (beta > 0), accumulation over 2 micro-batches
-    ("dapo", 2, dict(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0, top_entropy_quantile=0.5,
+    ("dapo", 2, dict(loss="clip_cov", ratio=0.2, lb=0.0, ub=10.0, top_entropy_quantile=0.5,
                   beta=0.04)),
 ])
 def test_on_policy_update_without_old_logprobs_equals_the_two_pass_update(preset, micro_batches, fields, params, rollouts):

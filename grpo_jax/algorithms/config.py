@@ -1,25 +1,27 @@
-"""`AlgorithmConfig` and the presets of docs/algorithms.md.
+"""`AlgorithmConfig`: the parts a run selects (an advantage estimator, a policy loss, an aggregation:
+each a registered variant holding its own parameters) and the knobs shared by all of them; and the
+presets of docs/presets.md.
 
-A preset is only a named set of field values: `AlgorithmConfig.from_preset("gspo", beta=0.01)` or
-`dataclasses.replace(cfg, ...)`. Every combination is validated at construction, before any compile,
-from what the registries declare: a loss's unit, ratio, fields and kernel path, an advantage's
-fields, an aggregation's unit. `PRESETS` is the one list of presets (docs/presets.md, the trainer
-tests and the preset study iterate over it).
+A part is the instance of its variant's parameter dataclass: `AlgorithmConfig(loss=Gspo(eps_high=
+4e-4))`, or by name with its defaults, `AlgorithmConfig(loss="gspo")`; on the command line
+`--set algorithm.loss=gspo --set algorithm.loss.eps_high=4e-4`. A preset is a named set of field
+values, registered with its source (`preset(...)`): `AlgorithmConfig.from_preset("gspo", beta=0.01)`.
+Every combination is validated at construction, before any compile, from what the registrations
+declare (a loss's unit and ratio, an aggregation's unit); each part validates its own parameters.
 """
 
 import dataclasses
 
-import kernels
-from grpo_jax.algorithms.advantages import ADVANTAGES
-from grpo_jax.algorithms.aggregation import AGGREGATIONS
+from grpo_jax.algorithms.advantages import AdvantageParams
+from grpo_jax.algorithms.aggregation import AggregationParams
 from grpo_jax.algorithms.correction import TIS_LEVELS, TIS_MODES
 from grpo_jax.algorithms.kl import KL_ESTIMATORS
-from grpo_jax.algorithms.losses import LOSSES
+from grpo_jax.algorithms.losses import LOSSES, LossParams, PpoClip
+from grpo_jax.registry import Registry
 
 REWARD_COMBINES = ("sum_then_normalize", "normalize_each", "normalize_then_sum")
-DISCO_SCORES = ("log_prob", "ratio")
 ROUTING_REPLAY = ("none", "old", "sampler")
-RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
+PARTS = {"advantage": AdvantageParams, "loss": LossParams, "aggregation": AggregationParams}
 
 
 def _one_of(field, value, known):
@@ -27,68 +29,20 @@ def _one_of(field, value, known):
         raise ValueError(f"AlgorithmConfig.{field}={value!r} is unknown; known: {', '.join(map(repr, known))}.")
 
 
-def variant_fields() -> tuple[str, ...]:
-    """Every field some registered loss or advantage declares it reads (the presets table's column)."""
-    return tuple(dict.fromkeys(f for reg in (LOSSES, ADVANTAGES) for spec in reg.values() for f in spec.fields))
-
-
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
     """Advantages, policy loss, regularizers and aggregation, plus the data-side knobs the trainer reads.
 
-    Defaults are the grpo preset. Variant fields: each loss and advantage reads those its
-    registration declares (`LOSSES[name].fields`, `ADVANTAGES[name].fields`), the others must keep
-    their defaults. eps_low/eps_high are ratio clips for the surrogates (ABC-GRPO: for A > 0; DHPO:
-    of its token branch) and log-space clips for gmpo; tau_pos/tau_neg are SAPO's and SSPO's; eps_max
-    is CISPO's cap; clip_cov_* and kl_cov_* are Clip-Cov's and KL-Cov's (verl's defaults); the
-    others are named after their method (docs/algorithms.md gives each one's source and default).
+    Defaults are the grpo preset. `advantage`, `loss` and `aggregation` hold the selected variants
+    with their parameters (a name stands for the variant with its defaults); docs/algorithms.md gives
+    each one's formula, source and defaults.
     """
 
-    # advantages
-    advantage: str = "group_std"
-    adv_eps: float = 1e-6  # std + eps in the denominators
+    advantage: AdvantageParams | str = "group_std"
+    loss: LossParams | str = "ppo_clip"
+    aggregation: AggregationParams | str = "seq_mean_token_mean"
     gpg_scale: bool = False  # multiply A by N / N_valid (GPG)
     reward_combine: str = "sum_then_normalize"  # how the RewardConfig.weights-weighted rewards combine
-    ngrpo_max_reward: float = 1.0  # NGRPO: reward of the virtual samples added to every group
-    ngrpo_virtual_samples: int = 1
-    gapo_fraction: float = 0.5  # GAPO: share of the group its narrowest interval covers
-    noise_rate: float = 0.1  # S-GRPO: probability p that a binary reward is flipped, in [0, 0.5)
-    pass_k: int = 4  # pass@k advantage: k (<= group size)
-    # policy loss
-    loss: str = "ppo_clip"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    delta: float | None = None  # cap of the unclipped ratio (two-sided clip); > 1 + eps_high
-    clip_c: float | None = None  # dual clip for A < 0; > 1
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    eps_max: float = 5.0
-    clip_cov_ratio: float = 2e-4  # fraction of counted tokens whose gradient Clip-Cov removes
-    clip_cov_lb: float = 1.0  # covariance band of its candidates
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4  # fraction of counted tokens KL-Cov penalizes
-    kl_cov_coef: float = 1.0  # their |D| penalty
-    neg_eps_low: float = 0.2  # ABC-GRPO: the ratio clip for A <= 0 (eps_low/eps_high: for A > 0)
-    neg_eps_high: float = 0.2
-    seq_eps_low: float = 3e-4  # DHPO: the clip of its sequence-ratio branch (GSPO's range)
-    seq_eps_high: float = 4e-4
-    dhpo_alpha: float = 0.5  # DHPO: weight of the token ratio in the mix (0.5: averaged mixing)
-    holder_p: float = 1.0  # HolderPO: exponent of the power mean of the token ratios (0: geometric)
-    llds_coef: float = 0.1  # LLDS: weight of the likelihood-preserving penalty
-    gvpo_beta: float = 0.1  # GVPO: KL coefficient beta of the implicit reward
-    disco_score: str = "log_prob"  # DisCO: scoring function, log_prob (Log-L) | ratio (L-ratio)
-    disco_tau: float = 10.0  # DisCO: temperature of the log-mean-exp over the negatives
-    disco_delta: float = 1e-4  # DisCO: KL budget delta
-    disco_beta: float = 1e3  # DisCO: penalty coefficient of the constraint
-    gtpo_conflict_weight: float = 2.0  # GTPO: weight of a positive completion's conflict tokens
-    gtpo_entropy_max: float = 0.7  # GTPO: completions with a higher mean entropy get A = 0
-    gtpo_entropy_coef: float = 0.1  # GTPO: A - coef * mean entropy for the others
-    egsw_alpha: float = 1.0  # EGSW: weight of the entropy in the sequence-weight logits
-    egsw_temperature: float = 1.0  # EGSW: softmax temperature P
-    aggregation: str = "seq_mean_token_mean"
-    # how the losses with the ratio_clip kernel path run: auto (kernels.ratio_clip's default: pallas
-    # on TPU, else jnp), reference (algorithms.ratio, plain autodiff), or a kernels.ratio_clip impl
-    ratio_impl: str = "auto"
     # regularizers and token selection
     beta: float = 0.04  # KL coefficient; 0: no reference model is kept or run
     kl_estimator: str = "k3"
@@ -115,33 +69,39 @@ class AlgorithmConfig:
     routing_replay: str = "none"
 
     def __post_init__(self):
-        _one_of("advantage", self.advantage, tuple(ADVANTAGES))
+        for part, base in PARTS.items():
+            value = getattr(self, part)
+            if isinstance(value, str):
+                try:
+                    value = base.from_name(value)
+                except KeyError as e:
+                    raise ValueError(f"AlgorithmConfig.{part}: {e.args[0]}") from None
+                object.__setattr__(self, part, value)
+            if not isinstance(value, base):
+                raise TypeError(f"AlgorithmConfig.{part}={value!r} is not a registered {part} (a {base.__name__} "
+                                f"instance or a name in {', '.join(base.registry)})")
         _one_of("reward_combine", self.reward_combine, REWARD_COMBINES)
-        _one_of("loss", self.loss, tuple(LOSSES))
-        _one_of("aggregation", self.aggregation, tuple(AGGREGATIONS))
-        _one_of("ratio_impl", self.ratio_impl, RATIO_IMPLS)
         _one_of("kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
         _one_of("tis_level", self.tis_level, TIS_LEVELS)
         _one_of("tis_mode", self.tis_mode, TIS_MODES)
-        _one_of("disco_score", self.disco_score, DISCO_SCORES)
         _one_of("routing_replay", self.routing_replay, ROUTING_REPLAY)
         self._check_loss()
         self._check_values()
 
     def _check_loss(self):
         """Combinations that would silently change the algorithm, from the registrations."""
-        spec, loss = LOSSES[self.loss], self.loss
-        if AGGREGATIONS[self.aggregation].unit != spec.unit:
+        spec, loss, aggregation = self.loss.spec, self.loss.name, self.aggregation.name
+        if self.aggregation.spec.unit != spec.unit:
             if spec.unit == "sequence":
                 raise ValueError(
                     f"AlgorithmConfig: loss={loss!r} has one unit loss per completion; "
-                    f"aggregation={self.aggregation!r} would weight completions by length, changing the "
+                    f"aggregation={aggregation!r} would weight completions by length, changing the "
                     "algorithm. Use aggregation='seq_mean' (or, for length weighting on purpose, "
                     "loss='gspo_token' with a token aggregation)."
                 )
             sequence_losses = sorted(n for n, s in LOSSES.items() if s.unit == "sequence")
             raise ValueError(
-                f"AlgorithmConfig: aggregation={self.aggregation!r} is for sequence losses ({sequence_losses}); "
+                f"AlgorithmConfig: aggregation={aggregation!r} is for sequence losses ({sequence_losses}); "
                 f"loss={loss!r} is per token: use 'seq_mean_token_mean' for the same 1/L_i weights."
             )
         if spec.unit == "sequence" and self.tis_level == "token":
@@ -161,38 +121,13 @@ class AlgorithmConfig:
                 "over a rollout batch would be off-policy without correction; use num_iterations=1 or a ratio "
                 "loss (e.g. ppo_clip)."
             )
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        reads = {*spec.fields, *ADVANTAGES[self.advantage].fields}
-        for name in variant_fields():
-            if name not in reads and getattr(self, name) != defaults[name]:
-                readers = [n for reg in (LOSSES, ADVANTAGES) for n, s in reg.items() if name in s.fields]
-                raise ValueError(f"AlgorithmConfig: loss={loss!r} / advantage={self.advantage!r} do not read "
-                                 f"{name}={getattr(self, name)!r} (only {readers} do); unset it.")
-        if self.ratio_impl != "auto" and spec.kernel != "ratio_clip":
-            kernel_losses = [n for n, s in LOSSES.items() if s.kernel == "ratio_clip"]
-            raise ValueError(f"AlgorithmConfig: ratio_impl={self.ratio_impl!r} picks how {kernel_losses} run; "
-                             f"loss={loss!r} does not use it: unset it.")
-        if spec.kernel == "ratio_clip" and self.eps_low >= 1:
-            raise ValueError(f"AlgorithmConfig: eps_low={self.eps_low} makes the lower ratio clip 1 - eps_low <= 0.")
 
     def _check_values(self):
-        if self.eps_low < 0 or self.eps_high < 0:
-            raise ValueError(f"AlgorithmConfig: eps_low={self.eps_low}, eps_high={self.eps_high} must be >= 0.")
-        if self.delta is not None and self.delta <= 1 + self.eps_high:
-            raise ValueError(f"AlgorithmConfig: delta={self.delta} must exceed 1 + eps_high = {1 + self.eps_high}.")
-        if self.clip_c is not None and self.clip_c <= 1:
-            raise ValueError(f"AlgorithmConfig: clip_c={self.clip_c} must be > 1 (dual clip bounds the loss of A < 0).")
-        if self.tau_pos <= 0 or self.tau_neg <= 0 or self.eps_max <= 0 or self.tis_cap <= 0:
-            raise ValueError("AlgorithmConfig: tau_pos, tau_neg, eps_max and tis_cap must be > 0.")
-        if not (0 < self.clip_cov_ratio <= 1 and 0 < self.kl_cov_ratio <= 1):
-            raise ValueError(f"AlgorithmConfig: clip_cov_ratio={self.clip_cov_ratio} and kl_cov_ratio="
-                             f"{self.kl_cov_ratio} are fractions of the counted tokens, in (0, 1].")
-        if self.clip_cov_lb >= self.clip_cov_ub or self.kl_cov_coef < 0:
-            raise ValueError(f"AlgorithmConfig: need clip_cov_lb={self.clip_cov_lb} < clip_cov_ub={self.clip_cov_ub} "
-                             f"and kl_cov_coef={self.kl_cov_coef} >= 0.")
         if not 0 < self.top_entropy_quantile <= 1:
             raise ValueError(f"AlgorithmConfig: top_entropy_quantile={self.top_entropy_quantile} must lie in (0, 1] "
                              "(the fraction of tokens kept; 1 keeps all).")
+        if self.tis_cap <= 0:
+            raise ValueError(f"AlgorithmConfig: tis_cap={self.tis_cap} must be > 0.")
         default_cap = type(self).__dataclass_fields__["tis_cap"].default
         if self.tis_level is None and (self.tis_mode != "truncate" or self.tis_cap != default_cap):
             raise ValueError(f"AlgorithmConfig: tis_mode={self.tis_mode!r} / tis_cap={self.tis_cap} act only with a "
@@ -202,37 +137,12 @@ class AlgorithmConfig:
                              "must be > 1.")
         if self.off_policy_threshold is not None and self.off_policy_threshold < 0:
             raise ValueError(f"AlgorithmConfig: off_policy_threshold={self.off_policy_threshold} must be >= 0.")
-        self._check_variant_values()
-        if self.beta < 0 or self.adv_eps < 0:
-            raise ValueError(f"AlgorithmConfig: beta={self.beta} and adv_eps={self.adv_eps} must be >= 0.")
+        if self.beta < 0:
+            raise ValueError(f"AlgorithmConfig: beta={self.beta} must be >= 0.")
         if self.num_iterations < 1 or self.max_gen_batches < 1:
             raise ValueError("AlgorithmConfig: num_iterations and max_gen_batches must be >= 1.")
         if not 0 <= self.overlong_buffer_frac < 1 or self.overlong_kappa < 0:
             raise ValueError("AlgorithmConfig: overlong_buffer_frac must lie in [0, 1) and overlong_kappa be >= 0.")
-
-    def _check_variant_values(self):
-        rules = {
-            "ngrpo_virtual_samples": (self.ngrpo_virtual_samples >= 1, "must be >= 1 (virtual max-reward samples per group)"),
-            "gapo_fraction": (0 < self.gapo_fraction <= 1, "must lie in (0, 1] (the share of a group its interval covers)"),
-            "noise_rate": (0 <= self.noise_rate < 0.5, "must lie in [0, 0.5) (a flip probability; 0.5 is pure noise)"),
-            "pass_k": (self.pass_k >= 1, "must be >= 1"),
-            "neg_eps_low": (0 <= self.neg_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "neg_eps_high": (self.neg_eps_high >= 0, "must be >= 0"),
-            "seq_eps_low": (0 <= self.seq_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "seq_eps_high": (self.seq_eps_high >= 0, "must be >= 0"),
-            "dhpo_alpha": (0 <= self.dhpo_alpha <= 1, "must lie in [0, 1] (1: token ratio only, 0: sequence ratio only)"),
-            "llds_coef": (self.llds_coef >= 0, "must be >= 0"),
-            "gvpo_beta": (self.gvpo_beta > 0, "must be > 0"),
-            "disco_tau": (self.disco_tau > 0, "must be > 0"),
-            "disco_delta": (self.disco_delta >= 0, "must be >= 0"),
-            "disco_beta": (self.disco_beta >= 0, "must be >= 0"),
-            "gtpo_conflict_weight": (self.gtpo_conflict_weight >= 0, "must be >= 0"),
-            "gtpo_entropy_max": (self.gtpo_entropy_max >= 0, "must be >= 0"),
-            "egsw_temperature": (self.egsw_temperature > 0, "must be > 0"),
-        }
-        for name, (ok, why) in rules.items():
-            if not ok:
-                raise ValueError(f"AlgorithmConfig: {name}={getattr(self, name)!r} {why}.")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "AlgorithmConfig":
@@ -241,39 +151,53 @@ class AlgorithmConfig:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"AlgorithmConfig.from_preset: unknown field(s) {sorted(unknown)}.")
-        return cls(**{**PRESETS[name], **overrides})
+        return cls(**{**PRESETS[name].fields, **overrides})
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    fields: dict  # AlgorithmConfig field values (parts by name or with their parameters)
+    source: str  # the paper it is named after (arXiv id), or the trainer whose convention it follows
+
+
+PRESETS: Registry[Preset] = Registry("preset")
+
+
+def preset(name: str, source: str, **fields) -> None:
+    """Registers preset `name`: AlgorithmConfig `fields` (checked here) and the `source` it follows."""
+    AlgorithmConfig(**fields)
+    PRESETS.add(name, Preset(fields, source))
 
 
 _BASE = dict(beta=0.0)
-_GSPO = dict(_BASE, eps_low=3e-4, eps_high=4e-4)
-PRESETS: dict[str, dict] = {
-    "grpo": dict(),
-    "dr_grpo": dict(_BASE, advantage="group_mean", aggregation="seq_mean_token_sum_norm"),
-    "dapo": dict(_BASE, eps_high=0.28, aggregation="token_mean", dynamic_sampling=True, max_gen_batches=3,
-                 overlong_buffer_frac=0.2, overlong_kappa=1.0),
-    "bnpo": dict(_BASE, aggregation="token_mean"),
-    "gspo": dict(_GSPO, loss="gspo", aggregation="seq_mean"),
-    "gspo_token": dict(_GSPO, loss="gspo_token"),
-    "gmpo": dict(_BASE, loss="gmpo", eps_low=0.4, eps_high=0.4, aggregation="seq_mean"),
-    "sapo": dict(_BASE, loss="sapo"),
-    "cispo": dict(_BASE, loss="cispo", aggregation="token_mean"),
-    "gpg": dict(_BASE, advantage="group_mean", gpg_scale=True, loss="reinforce", aggregation="token_mean"),
-    "opo": dict(_BASE, advantage="opo", loss="reinforce", aggregation="seq_mean_token_sum"),
-    "rloo": dict(_BASE, advantage="rloo", loss="reinforce", aggregation="seq_mean_token_sum"),
-    # issue 18: each preset named after its paper (docs/presets.md lists the sources)
-    "ngrpo": dict(_BASE, advantage="ngrpo", eps_low=0.16, eps_high=0.24, aggregation="token_mean"),
-    "gapo": dict(advantage="gapo", eps_high=0.28, clip_c=10.0, beta=0.01, aggregation="token_mean"),
-    "s_grpo": dict(_BASE, advantage="noise_aware", aggregation="seq_mean_token_sum_norm"),
-    "reinforce_pp": dict(_BASE, advantage="reinforce_pp", aggregation="token_mean"),
-    "pass_at_k": dict(_BASE, advantage="pass_at_k"),
-    "mo_grpo": dict(_BASE, reward_combine="normalize_each"),
-    "abc_grpo": dict(_BASE, loss="abc_grpo"),
-    "dhpo": dict(_BASE, loss="dhpo"),
-    "holder_po": dict(_BASE, loss="holder", aggregation="seq_mean"),
-    "sspo": dict(_BASE, loss="sspo", aggregation="seq_mean"),
-    "llds": dict(_BASE, loss="llds"),
-    "egsw": dict(_BASE, loss="egsw"),
-    "gvpo": dict(_BASE, advantage="group_mean", loss="gvpo", aggregation="seq_mean"),
-    "disco": dict(_BASE, loss="disco", aggregation="seq_mean"),
-    "gtpo": dict(_BASE, loss="gtpo"),
-}
+preset("grpo", "DeepSeekMath 2402.03300")
+preset("dr_grpo", "Dr. GRPO 2503.20783", **_BASE, advantage="group_mean", aggregation="seq_mean_token_sum_norm")
+preset("dapo", "DAPO 2503.14476", **_BASE, loss=PpoClip(eps_high=0.28), aggregation="token_mean",
+       dynamic_sampling=True, max_gen_batches=3, overlong_buffer_frac=0.2, overlong_kappa=1.0)
+preset("bnpo", "TRL loss_type=bnpo", **_BASE, aggregation="token_mean")
+preset("gspo", "GSPO 2507.18071", **_BASE, loss="gspo", aggregation="seq_mean")
+preset("gspo_token", "GSPO 2507.18071", **_BASE, loss="gspo_token")
+preset("gmpo", "GMPO 2507.20673", **_BASE, loss="gmpo", aggregation="seq_mean")
+preset("sapo", "SAPO 2511.20347", **_BASE, loss="sapo")
+preset("cispo", "MiniMax-M1 2506.13585", **_BASE, loss="cispo", aggregation="token_mean")
+preset("gpg", "GPG 2504.02546", **_BASE, advantage="group_mean", gpg_scale=True, loss="reinforce",
+       aggregation="token_mean")
+preset("opo", "OPO 2505.23585", **_BASE, advantage="opo", loss="reinforce", aggregation="seq_mean_token_sum")
+preset("rloo", "RLOO 2402.14740", **_BASE, advantage="rloo", loss="reinforce", aggregation="seq_mean_token_sum")
+preset("ngrpo", "NGRPO 2509.18851", **_BASE, advantage="ngrpo", loss=PpoClip(eps_low=0.16, eps_high=0.24),
+       aggregation="token_mean")
+preset("gapo", "GAPO 2510.21830", advantage="gapo", loss=PpoClip(eps_high=0.28, clip_c=10.0), beta=0.01,
+       aggregation="token_mean")
+preset("s_grpo", "S-GRPO 2508.05928", **_BASE, advantage="noise_aware", aggregation="seq_mean_token_sum_norm")
+preset("reinforce_pp", "REINFORCE++ 2501.03262", **_BASE, advantage="reinforce_pp", aggregation="token_mean")
+preset("pass_at_k", "Pass@k Training 2508.10751", **_BASE, advantage="pass_at_k")
+preset("mo_grpo", "MO-GRPO 2509.22047", **_BASE, reward_combine="normalize_each")
+preset("abc_grpo", "ABC-GRPO 2601.03895", **_BASE, loss="abc_grpo")
+preset("dhpo", "DHPO 2601.05607", **_BASE, loss="dhpo")
+preset("holder_po", "HolderPO 2605.12058", **_BASE, loss="holder", aggregation="seq_mean")
+preset("sspo", "SSPO 2602.19327", **_BASE, loss="sspo", aggregation="seq_mean")
+preset("llds", "LLDS 2512.04220", **_BASE, loss="llds")
+preset("egsw", "EGSW 2503.22456", **_BASE, loss="egsw")
+preset("gvpo", "GVPO 2504.19599", **_BASE, advantage="group_mean", loss="gvpo", aggregation="seq_mean")
+preset("disco", "DisCO 2505.12366", **_BASE, loss="disco", aggregation="seq_mean")
+preset("gtpo", "GTPO 2508.03772", **_BASE, loss="gtpo")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.registry import Registry
+from grpo_jax.registry import Registry
 from kernels.ratio_clip import LOG_RATIO_BOUND
 
 

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from grpo_jax.algorithms.aggregation import AGGREGATIONS, Normalizer, seq_mean_over_tokens
+from grpo_jax.algorithms.aggregation import Normalizer, seq_mean_over_tokens
 from grpo_jax.algorithms.correction import rollout_correction
 from grpo_jax.algorithms.kl import KL_ESTIMATORS
-from grpo_jax.algorithms.losses import LOSSES, LossInputs
+from grpo_jax.algorithms.losses import LossInputs
 from grpo_jax.algorithms.ratio import clamped_exp
 from grpo_jax.algorithms.step_stats import StepStats, needs_step_stats
 from grpo_jax.metrics import Metric
@@ -31,7 +31,7 @@ def _check(cfg, spec, logp, old_logp, advantages, mask, ref_logp, sampler_logp, 
         raise ValueError(f"policy_loss: advantages {advantages.shape} must be [batch] or [batch, seq] = {logp.shape}.")
     if spec.unit == "sequence" and advantages.ndim == 2:
         raise ValueError(
-            f"policy_loss: loss={cfg.loss!r} is a sequence loss and needs one advantage per completion "
+            f"policy_loss: loss={cfg.loss.name!r} is a sequence loss and needs one advantage per completion "
             "[batch]; for token-level advantages use loss='gspo_token' (GSPO) or a token loss."
         )
     needs = {
@@ -40,7 +40,7 @@ def _check(cfg, spec, logp, old_logp, advantages, mask, ref_logp, sampler_logp, 
                          f"tis_level={cfg.tis_level!r} / off_policy_threshold={cfg.off_policy_threshold!r}"),
         "entropy": (cfg.entropy_coef != 0 or cfg.top_entropy_quantile < 1, entropy,
                     f"entropy_coef={cfg.entropy_coef} / top_entropy_quantile={cfg.top_entropy_quantile}"),
-        "stats": (needs_step_stats(cfg), stats, f"loss={cfg.loss!r} / top_entropy_quantile="
+        "stats": (needs_step_stats(cfg), stats, f"loss={cfg.loss.name!r} / top_entropy_quantile="
                   f"{cfg.top_entropy_quantile}: pass stats=algorithms.step_stats(...) of the whole step batch"),
     }
     for name, (needed, value, why) in needs.items():
@@ -65,7 +65,7 @@ def policy_loss(
     that decide over the whole step: `needs_step_stats`). Summed over micro-batches, the losses and
     gradients are those of the unsplit batch; merged with `metrics.combine`, so are the metrics.
     """
-    spec = LOSSES[cfg.loss]
+    spec = cfg.loss.spec
     _check(cfg, spec, logp, old_logp, advantages, mask, ref_logp, sampler_logp, entropy, stats)
     mask = mask.astype(jnp.float32)
     on = mask > 0
@@ -75,7 +75,7 @@ def policy_loss(
     adv = advantages.astype(jnp.float32)
     adv_tokens = jnp.where(on, adv if adv.ndim == 2 else jnp.broadcast_to(adv[:, None], logp.shape), 0.0)
     unit_adv = adv_tokens if spec.unit == "token" else adv
-    terms = spec.fn(cfg, LossInputs(logp, old_logp, unit_adv, mask, stats.loss if stats is not None else {}))
+    terms = spec.fn(cfg.loss, LossInputs(logp, old_logp, unit_adv, mask, stats.loss if stats is not None else {}))
     u = terms.u
     metrics = dict(terms.metrics or {})
     if cfg.top_entropy_quantile < 1:
@@ -99,8 +99,8 @@ def policy_loss(
         if cfg.entropy_coef != 0:
             reg = reg - cfg.entropy_coef * entropy
     u = u + (seq_mean_over_tokens(reg, mask) if spec.unit == "sequence" else reg)
-    agg = AGGREGATIONS[cfg.aggregation]
-    loss_value = agg.fn(u, mask, normalizer)
+    agg = cfg.aggregation.spec
+    loss_value = agg.fn(cfg.aggregation, u, mask, normalizer)
     # The update's loss, weighted by what the aggregation averages over (merging updates then gives
     # the loss of their concatenated batches, not a mean of means).
     step_count, own_count = ((normalizer.num_tokens, mask.sum()) if agg.over == "tokens"

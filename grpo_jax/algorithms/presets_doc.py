@@ -10,25 +10,13 @@ regenerating this file keeps it.
 import dataclasses
 import pathlib
 
-from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, variant_fields
-from grpo_jax.algorithms.advantages import ADVANTAGES
+from grpo_jax.algorithms.config import PARTS, PRESETS, AlgorithmConfig
 from grpo_jax.algorithms.losses import LOSSES
 
-COLUMNS = ("advantage", "loss", "aggregation", "beta")
+COLUMNS = (*PARTS, "beta")
 PATH = pathlib.Path(__file__).parents[2] / "docs" / "presets.md"
 STUDY_BEGIN = "<!-- preset_table: begin (written by experiments/preset_table.py; do not edit by hand) -->"
 STUDY_END = "<!-- preset_table: end -->"
-SOURCES = {  # the paper each preset is named after (arXiv id), or the trainer whose convention it follows
-    "grpo": "DeepSeekMath 2402.03300", "dr_grpo": "Dr. GRPO 2503.20783", "dapo": "DAPO 2503.14476",
-    "bnpo": "TRL loss_type=bnpo", "gspo": "GSPO 2507.18071", "gspo_token": "GSPO 2507.18071",
-    "gmpo": "GMPO 2507.20673", "sapo": "SAPO 2511.20347", "cispo": "MiniMax-M1 2506.13585",
-    "gpg": "GPG 2504.02546", "opo": "OPO 2505.23585", "rloo": "RLOO 2402.14740",
-    "ngrpo": "NGRPO 2509.18851", "gapo": "GAPO 2510.21830", "s_grpo": "S-GRPO 2508.05928",
-    "reinforce_pp": "REINFORCE++ 2501.03262", "pass_at_k": "Pass@k Training 2508.10751",
-    "mo_grpo": "MO-GRPO 2509.22047", "abc_grpo": "ABC-GRPO 2601.03895", "dhpo": "DHPO 2601.05607",
-    "holder_po": "HolderPO 2605.12058", "sspo": "SSPO 2602.19327", "llds": "LLDS 2512.04220",
-    "egsw": "EGSW 2503.22456", "gvpo": "GVPO 2504.19599", "disco": "DisCO 2505.12366", "gtpo": "GTPO 2508.03772",
-}
 
 
 def study_table(text: str) -> str:
@@ -46,30 +34,52 @@ def with_study_table(text: str, table: str) -> str:
     return head + STUDY_BEGIN + "\n" + table.strip("\n") + "\n" + STUDY_END + rest.split(STUDY_END)[1]
 
 
+def _part(params) -> str:
+    """A part as its name, with the parameters that differ from its class's defaults."""
+    changed = [f"{f.name}={getattr(params, f.name)!r}" for f in dataclasses.fields(params)
+               if getattr(params, f.name) != f.default]
+    return params.name + (f"({', '.join(changed)})" if changed else "")
+
+
+def _defaults(params: type) -> str:
+    return ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(params)) or "-"
+
+
+def parts_markdown() -> list[str]:
+    """Every registered part (advantage, loss, aggregation) with its parameters and their defaults."""
+    lines = ["## Every part and its parameters", "",
+             "Every registered estimator, loss and aggregation, with its parameters (`--set algorithm.<part>.<field>=`)",
+             "and their defaults; a variant registered by a fork's file appears here too.", ""]
+    for part, base in PARTS.items():
+        lines += [f"| {part} | parameters (defaults) | what they are |", "|---|---|---|"]
+        for name, spec in base.registry.items():
+            doc = spec.params.__doc__ if dataclasses.fields(spec.params) else spec.fn.__doc__
+            doc = " ".join((doc or "").split()).split(". ")[0].rstrip(".").replace("|", "\\|")
+            lines.append(f"| `{name}` | {_defaults(spec.params)} | {doc} |")
+        lines.append("")
+    return lines
+
+
 def presets_markdown() -> str:
     default = AlgorithmConfig()
-    read_somewhere = set(variant_fields())
     rows = []
-    for name in PRESETS:
+    for name, preset in PRESETS.items():
         cfg = AlgorithmConfig.from_preset(name)
-        others = [
-            f"{f.name}={getattr(cfg, f.name)!r}"
-            for f in dataclasses.fields(cfg)
-            if f.name not in COLUMNS and f.name not in read_somewhere and getattr(cfg, f.name) != getattr(default, f.name)
-        ]
-        reads = (*LOSSES[cfg.loss].fields, *ADVANTAGES[cfg.advantage].fields)
-        fields = ", ".join(f"{f}={getattr(cfg, f)}" for f in reads if getattr(cfg, f) is not None)
-        cells = [f"`{name}`", *(str(getattr(cfg, c)) for c in COLUMNS), fields or "-", ", ".join(others), SOURCES[name]]
+        others = [f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
+                  if f.name not in COLUMNS and getattr(cfg, f.name) != getattr(default, f.name)]
+        cells = [f"`{name}`", *(_part(getattr(cfg, c)) if c in PARTS else str(getattr(cfg, c)) for c in COLUMNS),
+                 ", ".join(others), preset.source]
         rows.append("| " + " | ".join(cells) + " |")
-    header = "| preset | " + " | ".join(COLUMNS) + " | variant fields | other fields (vs. defaults) | source |"
+    header = "| preset | " + " | ".join(COLUMNS) + " | other fields (vs. defaults) | source |"
     return "\n".join([
         "# Algorithm presets",
         "",
         "Generated from `grpo_jax.algorithms.config.PRESETS` by `python -m grpo_jax.algorithms.presets_doc`;",
         "do not edit by hand. A preset is only a set of `AlgorithmConfig` fields; override any of them:",
-        '`AlgorithmConfig.from_preset("gspo", beta=0.01)`. For gmpo, eps_low/eps_high are log-space clips.',
-        "The variant-fields column lists the fields the preset's loss and advantage read (their",
-        "registrations' `fields`); the source column names the paper (arXiv id) of each.",
+        '`AlgorithmConfig.from_preset("gspo", beta=0.01)`, `--set algorithm.loss.eps_high=4e-4`. The advantage,',
+        "loss and aggregation columns name each part with the parameters the preset sets beyond the part's",
+        "own defaults (`grpo_jax.algorithms.losses.Gspo()` holds GSPO's clip range, for example; for gmpo,",
+        "eps_low/eps_high are log-space clips); the source column names the paper (arXiv id) of each.",
         "",
         "`bnpo` is TRL's `loss_type=\"bnpo\"`: token-mean aggregation of group_std advantages. The BNPO paper",
         "(arXiv 2506.02864) is a Beta-normalized advantage instead: `advantage=\"beta_norm\"` with any preset.",
@@ -80,14 +90,14 @@ def presets_markdown() -> str:
         "Formulas, sources and what each implementation follows: [algorithms.md](algorithms.md).",
         "",
         header,
-        "|" + "---|" * (len(COLUMNS) + 4),
+        "|" + "---|" * (len(COLUMNS) + 3),
         *rows,
         "",
         "Defaults (the fields not listed in a row): "
-        + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default)
-                    if f.name not in COLUMNS and f.name not in read_somewhere)
+        + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default) if f.name not in COLUMNS)
         + ".",
         "",
+        *parts_markdown(),
         "## Every preset on one task",
         "",
         "`python experiments/preset_table.py` runs every preset on the quickstart's task and budget "

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from grpo_jax.algorithms.losses import LOSSES, StepBatch
+from grpo_jax.algorithms.losses import StepBatch
 
 if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
@@ -36,7 +36,7 @@ class StepStats:
 
 
 def needs_step_stats(cfg: "AlgorithmConfig") -> bool:
-    return LOSSES[cfg.loss].stats is not None or cfg.top_entropy_quantile < 1
+    return cfg.loss.spec.stats is not None or cfg.top_entropy_quantile < 1
 
 
 def entropy_keep(quantile: float, entropy, mask):
@@ -68,13 +68,13 @@ def step_stats(
     (rows [k G, (k + 1) G) are group k) are needed by losses that declare `needs_groups`. All inputs
     are detached.
     """
-    spec = LOSSES[cfg.loss]
+    spec = cfg.loss.spec
     if spec.needs_groups:
         if group_size is None or tokens is None:
-            raise ValueError(f"step_stats: loss={cfg.loss!r} compares the completions of a group; pass "
+            raise ValueError(f"step_stats: loss={cfg.loss.name!r} compares the completions of a group; pass "
                              "group_size= (SamplingConfig.group_size) and tokens= (the completion ids).")
         if mask.shape[0] % group_size:
-            raise ValueError(f"step_stats: loss={cfg.loss!r} needs whole groups, but {mask.shape[0]} rows do not "
+            raise ValueError(f"step_stats: loss={cfg.loss.name!r} needs whole groups, but {mask.shape[0]} rows do not "
                              f"split into groups of {group_size}.")
     mask = jnp.asarray(mask, jnp.float32)
     on = mask > 0
@@ -87,6 +87,6 @@ def step_stats(
     batch = StepBatch(detached(logp), detached(old_logp), detached(adv), mask, detached(entropy),
                       jnp.asarray(priority), jnp.zeros(mask.shape, jnp.int32) if tokens is None else jnp.asarray(tokens),
                       group_size or 1)
-    stats = spec.stats(cfg, batch) if spec.stats is not None else {}
+    stats = spec.stats(cfg.loss, batch) if spec.stats is not None else {}
     keep = entropy_keep(cfg.top_entropy_quantile, batch.entropy, mask)
     return StepStats(jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), stats), keep.astype(jnp.float32))

@@ -12,6 +12,7 @@ import dataclasses
 
 from experiments.configs.gspo_paper import gspo
 from grpo_jax import algorithms
+from grpo_jax.algorithms.losses import PpoClip
 from grpo_jax.config import Config
 
 
@@ -19,6 +20,7 @@ def get_config() -> Config:
     cfg = gspo.get_config()
     return dataclasses.replace(
         cfg,
-        algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, eps_high=0.27, routing_replay="old"),
+        algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, loss=PpoClip(eps_high=0.27),
+                                                         routing_replay="old"),
         train=dataclasses.replace(cfg.train, out_dir="runs/gspo_paper/grpo"),
     )

@@ -2,8 +2,9 @@
 
 The registry and per-group reductions are in `base`; the estimators by family in `classic`
 (baseline and scale), `robust` (NGRPO, GAPO, S-GRPO) and `shaped` (BNPO, pass@k). An estimator is
-`fn(cfg, rewards, groups, lengths) -> advantages` over float32 [N] arrays, registered with
-`@advantage(name, reference=..., fields=...)` (its float64 twin in `algorithms.reference`); groups are
+`fn(p, rewards, groups, lengths) -> advantages` over float32 [N] arrays, registered with
+`@advantage(name, params=P, reference=...)` (P its parameter dataclass, p the instance
+`AlgorithmConfig.advantage` holds; its float64 twin in `algorithms.reference`); groups are
 integer ids (samples sharing an id share a prompt), so the [num_groups, G] layout and explicit ids go
 through one code path. `compute_advantages` gives every estimator exactly 0 on a group whose rewards
 are all equal (no float residue of R - mean divided by std + eps) and 0 where a batch-level spread
@@ -19,13 +20,21 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, Real
 
-from grpo_jax.algorithms.advantages import classic, robust, shaped  # noqa: F401  (registers the estimators)
-from grpo_jax.algorithms.advantages.base import ADVANTAGES, Advantage, advantage, batch_standardize, group_spread
+from grpo_jax.algorithms.advantages.base import (
+    ADVANTAGES, Advantage, AdvantageParams, Standardized, advantage, batch_standardize, group_spread,
+)
+from grpo_jax.algorithms.advantages.classic import BatchStd, GroupStd, ReinforcePp
+from grpo_jax.algorithms.advantages.robust import Gapo, NoiseAware, Ngrpo
+from grpo_jax.algorithms.advantages.shaped import PassAtK
 
 if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
 
-__all__ = ["ADVANTAGES", "Advantage", "advantage", "compute_advantages", "overlong_penalty"]
+__all__ = [
+    "ADVANTAGES", "Advantage", "AdvantageParams", "BatchStd", "Gapo", "GroupStd", "NoiseAware", "Ngrpo", "PassAtK",
+    "ReinforcePp", "Standardized", "advantage", "compute_advantages", "overlong_penalty",
+]
+BATCH_STD_EPS = 1e-6  # normalize_then_sum's batch standardization: std + this
 
 
 def _group_ids(n: int, group_size: int | None, group_ids, need: int, why: str) -> Int[Array, " n"]:
@@ -86,20 +95,21 @@ def compute_advantages(
             f"compute_advantages: {k} reward column(s) but {len(weights)} reward_weights; give one "
             "weight per reward function."
         )
-    spec = ADVANTAGES[cfg.advantage]
+    params = cfg.advantage
+    spec = params.spec
     if spec.needs_lengths and lengths is None:
-        raise ValueError(f"compute_advantages: advantage={cfg.advantage!r} needs lengths= (counted completion lengths).")
+        raise ValueError(f"compute_advantages: advantage={params.name!r} needs lengths= (counted completion lengths).")
     need, why = 2, "every estimator (it compares a completion with the others of its group)"
-    if spec.min_group_size is not None and spec.min_group_size(cfg) > 2:
-        need = spec.min_group_size(cfg)
-        why = f"advantage={cfg.advantage!r} with " + ", ".join(f"{f}={getattr(cfg, f)}" for f in spec.fields)
+    if spec.min_group_size is not None and spec.min_group_size(params) > 2:
+        need = spec.min_group_size(params)
+        why = f"algorithm.advantage={params!r}"
     groups = _group_ids(n, group_size, group_ids, need, why)
 
     def informative(signal):  # groups whose signal varies (all of them for estimators that learn from the others)
         return group_spread(signal, groups) > 0 if not spec.learns_from_uniform_groups else jnp.ones(n, bool)
 
     def estimate(r):  # exactly 0 on groups without spread
-        return jnp.where(informative(r), spec.fn(cfg, r, groups, lengths), 0.0)
+        return jnp.where(informative(r), spec.fn(params, r, groups, lengths), 0.0)
 
     w = jnp.asarray(weights, jnp.float32)
     if cfg.reward_combine == "sum_then_normalize":
@@ -110,7 +120,7 @@ def compute_advantages(
         valid = informative(combined)
         adv = jnp.where(valid, combined, 0.0)
         if cfg.reward_combine == "normalize_then_sum":
-            adv = jnp.where(valid, batch_standardize(adv, cfg.adv_eps), 0.0)
+            adv = jnp.where(valid, batch_standardize(adv, BATCH_STD_EPS), 0.0)
     if cfg.gpg_scale:
         valid = group_spread(combined, groups) > 0
         adv = adv * n / jnp.maximum(valid.sum(), 1)

@@ -1,45 +1,63 @@
 """The advantage registry and the per-group reductions every estimator is written with.
 
-An estimator is `fn(cfg, rewards, groups, lengths) -> advantages` over float32 [N] arrays (groups:
-integer ids in [0, N), samples sharing an id share a prompt; lengths: counted completion lengths,
-or None), registered with `@advantage(name, reference=..., fields=...)`.
+An estimator is `fn(p, rewards, groups, lengths) -> advantages` over float32 [N] arrays (p: its
+parameters, the `AdvantageParams` instance `AlgorithmConfig.advantage` holds; groups: integer ids in
+[0, N), samples sharing an id share a prompt; lengths: counted completion lengths, or None),
+registered with `@advantage(name, params=P, reference=...)`.
 """
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.algorithms.registry import Registry
-
-if TYPE_CHECKING:
-    from grpo_jax.algorithms.config import AlgorithmConfig
+from grpo_jax.registry import Params, Registry
 
 
 @dataclasses.dataclass(frozen=True)
 class Advantage:
-    fn: Callable[["AlgorithmConfig", jax.Array, jax.Array, jax.Array | None], jax.Array]
-    reference: Callable  # float64 twin in algorithms.reference
+    fn: Callable[["AdvantageParams", jax.Array, jax.Array, jax.Array | None], jax.Array]
+    params: type  # its parameter dataclass (an AdvantageParams): the value of AlgorithmConfig.advantage
+    reference: Callable  # float64 twin in algorithms.reference, reference(params, rewards, groups, lengths)
     needs_lengths: bool  # counted completion lengths must be passed
-    fields: tuple[str, ...]  # the AlgorithmConfig fields it reads (the others must stay default)
     # False (every estimator but NGRPO): a group whose rewards are all equal gets exactly 0, applied
     # by compute_advantages. True: the estimator gives such groups a signal by design.
     learns_from_uniform_groups: bool
-    min_group_size: Callable[["AlgorithmConfig"], int] | None  # groups smaller than this are an error
+    min_group_size: Callable[["AdvantageParams"], int] | None  # groups smaller than this are an error
+    # Parameter values under which the registry-wide tests exercise it ({}: its defaults).
+    test_params: dict = dataclasses.field(default_factory=dict)
 
 
 ADVANTAGES: Registry[Advantage] = Registry("advantage")
 
 
-def advantage(name: str, *, reference: Callable, needs_lengths: bool = False, fields: tuple[str, ...] = (),
-              learns_from_uniform_groups: bool = False, min_group_size: Callable | None = None):
-    """Registers an estimator under `name` (the value of `AlgorithmConfig.advantage`)."""
+class AdvantageParams(Params):
+    """Base of an estimator's parameters (`AlgorithmConfig.advantage`)."""
+
+    registry, path = ADVANTAGES, "algorithm.advantage"
+
+
+@dataclasses.dataclass(frozen=True)
+class Standardized(AdvantageParams):
+    """An estimator that divides by a spread: `eps` is added to the denominator."""
+
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        self.check({"eps": (self.eps >= 0, "must be >= 0")})
+
+
+def advantage(name: str, *, reference: Callable, params: type | None = None, needs_lengths: bool = False,
+              learns_from_uniform_groups: bool = False, min_group_size: Callable | None = None,
+              test_params: dict | None = None):
+    """Registers an estimator under `name` with its parameter class (`AlgorithmConfig.advantage`)."""
+    params = ADVANTAGES.params_class(name, params, AdvantageParams)
+    params(**(test_params or {}))  # the test values must be valid parameters
 
     def register(fn):
-        ADVANTAGES.add(name, Advantage(fn, reference, needs_lengths, tuple(fields), learns_from_uniform_groups,
-                                       min_group_size))
+        ADVANTAGES.add(name, Advantage(fn, params, reference, needs_lengths, learns_from_uniform_groups,
+                                       min_group_size, dict(test_params or {})))
         return fn
 
     return register

@@ -1,50 +1,67 @@
 """Baseline-and-scale estimators: A = (R - baseline) / scale, the baseline a group mean (or its
 leave-one-out or length-weighted form), the scale a group or batch standard deviation."""
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.advantages.base import advantage, group_stats, group_sum
+from grpo_jax.algorithms.advantages.base import Standardized, advantage, group_stats, group_sum
 
 
-@advantage("group_std", reference=reference.group_std)
-def group_std(cfg, rewards, groups, lengths):
+@dataclasses.dataclass(frozen=True)
+class GroupStd(Standardized):
+    """GRPO's std-scaled group advantage."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchStd(Standardized):
+    """Group-centred, scaled by the batch's std."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReinforcePp(Standardized):
+    """Group-centred, whitened over the batch's tokens."""
+
+
+@advantage("group_std", params=GroupStd, reference=reference.group_std)
+def group_std(p, rewards, groups, lengths):
     """GRPO: (R - mean_g) / (std_g + eps)."""
     _, mean, std = group_stats(rewards, groups)
-    return (rewards - mean) / (std + cfg.adv_eps)
+    return (rewards - mean) / (std + p.eps)
 
 
 @advantage("group_mean", reference=reference.group_mean)
-def group_mean(cfg, rewards, groups, lengths):
+def group_mean(p, rewards, groups, lengths):
     """Dr. GRPO: R - mean_g (no std division, which up-weights easy and hard prompts)."""
     _, mean, _ = group_stats(rewards, groups)
     return rewards - mean
 
 
 @advantage("rloo", reference=reference.rloo)
-def rloo(cfg, rewards, groups, lengths):
+def rloo(p, rewards, groups, lengths):
     """RLOO: R_i - mean_{j != i} R_j = G / (G - 1) * (R_i - mean_g)."""
     size, mean, _ = group_stats(rewards, groups)
     return size / (size - 1) * (rewards - mean)
 
 
 @advantage("opo", reference=reference.opo, needs_lengths=True)
-def opo(cfg, rewards, groups, lengths):
+def opo(p, rewards, groups, lengths):
     """OPO: R_i - sum_j L_j R_j / sum_j L_j, the length-weighted (optimal for on-policy) baseline."""
     lengths = lengths.astype(jnp.float32)
     baseline = group_sum(lengths * rewards, groups) / jnp.maximum(group_sum(lengths, groups), 1.0)
     return rewards - baseline
 
 
-@advantage("batch_std", reference=reference.batch_std)
-def batch_std(cfg, rewards, groups, lengths):
+@advantage("batch_std", params=BatchStd, reference=reference.batch_std)
+def batch_std(p, rewards, groups, lengths):
     """TRL scale_rewards="batch": group-centred, scaled by the std of the whole batch."""
     _, mean, _ = group_stats(rewards, groups)
-    return (rewards - mean) / (jnp.std(rewards, ddof=1) + cfg.adv_eps)
+    return (rewards - mean) / (jnp.std(rewards, ddof=1) + p.eps)
 
 
-@advantage("reinforce_pp", reference=reference.reinforce_pp, needs_lengths=True)
-def reinforce_pp(cfg, rewards, groups, lengths):
+@advantage("reinforce_pp", params=ReinforcePp, reference=reference.reinforce_pp, needs_lengths=True)
+def reinforce_pp(p, rewards, groups, lengths):
     """REINFORCE++-baseline (arXiv 2501.03262; OpenRLHF `reinforce_baseline`, verl
     `compute_reinforce_plus_plus_baseline_outcome_advantage`): c = R - mean_g, then whitened over the
     batch's counted tokens (every token of completion i carries c_i): (c - mu) / (sigma + eps) with mu,
@@ -55,4 +72,4 @@ def reinforce_pp(cfg, rewards, groups, lengths):
     tokens = w.sum()
     mu = (w * c).sum() / jnp.maximum(tokens, 1.0)
     sigma = jnp.sqrt((w * (c - mu) ** 2).sum() / jnp.maximum(tokens - 1.0, 1.0))
-    return jnp.where(sigma > 0, (c - mu) / (sigma + cfg.adv_eps), 0.0)
+    return jnp.where(sigma > 0, (c - mu) / (sigma + p.eps), 0.0)

@@ -1,15 +1,28 @@
 """Estimators derived from a reshaped objective rather than a baseline: BNPO's Beta-density
 normalization, and the analytical advantage of the pass@k reward."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.advantages.base import advantage, group_sum
+from grpo_jax.algorithms.advantages.base import Standardized, advantage, group_sum
+
+
+@dataclasses.dataclass(frozen=True)
+class PassAtK(Standardized):
+    """`k` of pass@k (at most the group size)."""
+
+    k: int = 4
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check({"k": (self.k >= 1, "must be >= 1")})
 
 
 @advantage("beta_norm", reference=reference.beta_norm)
-def beta_norm(cfg, rewards, groups, lengths):
+def beta_norm(p, rewards, groups, lengths):
     """BNPO (arXiv 2506.02864, the authors' verl recipe): A = (R - p) / f(p; alpha, beta).
 
     Rewards are mapped to [0, 1] by the batch's range (for 0/1 rewards: unchanged), p is the group's
@@ -45,18 +58,19 @@ def _binomial_ratio(a, b, k: int):
     return out
 
 
-@advantage("pass_at_k", reference=reference.pass_at_k, fields=("pass_k",), min_group_size=lambda cfg: cfg.pass_k)
-def pass_at_k(cfg, rewards, groups, lengths):
+@advantage("pass_at_k", params=PassAtK, reference=reference.pass_at_k, min_group_size=lambda p: p.k,
+           test_params=dict(k=2))
+def pass_at_k(p, rewards, groups, lengths):
     """Pass@k Training, analytical form (arXiv 2508.10751; the authors' `code/passk_adv.py`), for
-    binary rewards (a reward > 0 counts as correct). With c correct of G and k = pass_k, the group's
+    binary rewards (a reward > 0 counts as correct). With c correct of G and k = k, the group's
     pass@k is rho = 1 - C(G - c, k) / C(G, k) and sigma = sqrt(rho (1 - rho)); a correct completion
     gets (1 - rho) / (sigma + eps), a wrong one (1 - rho - C(G - c - 1, k - 1) / C(G - 1, k - 1)) /
     (sigma + eps). k = 1 is GRPO with the population std."""
     correct = rewards > 0
     n = group_sum(jnp.ones_like(rewards), groups)
     c = group_sum(correct.astype(jnp.float32), groups)
-    k = cfg.pass_k
+    k = p.k
     rho = 1.0 - _binomial_ratio(n - c, n, k)
     sigma = jnp.sqrt(rho * (1.0 - rho))
     wrong = 1.0 - rho - _binomial_ratio(n - c - 1, n - 1, k - 1)
-    return jnp.where(correct, 1.0 - rho, wrong) / (sigma + cfg.adv_eps)
+    return jnp.where(correct, 1.0 - rho, wrong) / (sigma + p.eps)

@@ -3,10 +3,11 @@
 SSPO, CISPO, REINFORCE), `covariance` (Clip-Cov, KL-Cov), `group` (GVPO, DisCO, GTPO, EGSW: units
 that depend on the rest of their group).
 
-A loss is `fn(cfg, x: LossInputs) -> LossTerms`, registered with `@loss(name, ...)` which declares
-everything the rest of the code must know about it (see `LossSpec`): its unit (token: u is
+A loss is `fn(p, x: LossInputs) -> LossTerms`, registered with `@loss(name, params=P, ...)` which
+declares everything the rest of the code must know about it (see `LossSpec`): its parameter
+dataclass P (a `LossParams`; `p` is the instance `AlgorithmConfig.loss` holds), its unit (token: u is
 [batch, seq]; sequence: u is [batch]), whether it uses l^old (then it may run several updates per
-rollout batch), the AlgorithmConfig fields it reads, its fused-kernel path, its float64 reference,
+rollout batch), its fused-kernel path, its float64 reference, the parameter values its tests use,
 its step statistics (decisions over the whole optimizer-step batch, run once per update by
 `step_stats`) and, where its gradient at ratio 1 is not REINFORCE's, the advantages it equals.
 Masking, KL, entropy, rollout correction, top-entropy selection and aggregation are applied around
@@ -17,6 +18,16 @@ inf/NaN and never reaches a value or a gradient; every ratio goes through `clamp
 """
 
 from grpo_jax.algorithms.losses import clipped, covariance, group, soft  # noqa: F401  (registers the losses)
-from grpo_jax.algorithms.losses.base import KERNELS, LOSSES, LossInputs, LossSpec, LossTerms, StepBatch, loss
+from grpo_jax.algorithms.losses.base import (
+    KERNELS, LOSSES, Clip, LossInputs, LossParams, LossSpec, LossTerms, StepBatch, loss, surrogate,
+)
+from grpo_jax.algorithms.losses.clipped import AbcGrpo, Dhpo, Gspo, GspoToken, Holder, Llds, PpoClip
+from grpo_jax.algorithms.losses.covariance import ClipCov, KlCov
+from grpo_jax.algorithms.losses.group import Disco, Egsw, Gtpo, Gvpo
+from grpo_jax.algorithms.losses.soft import Cispo, Gmpo, Sapo, Sspo
 
-__all__ = ["KERNELS", "LOSSES", "LossInputs", "LossSpec", "LossTerms", "StepBatch", "loss"]
+__all__ = [
+    "KERNELS", "LOSSES", "AbcGrpo", "Cispo", "Clip", "ClipCov", "Dhpo", "Disco", "Egsw", "Gmpo", "Gspo", "GspoToken",
+    "Gtpo", "Gvpo", "Holder", "KlCov", "Llds", "LossInputs", "LossParams", "LossSpec", "LossTerms", "PpoClip", "Sapo",
+    "Sspo", "StepBatch", "loss", "surrogate",
+]

@@ -4,7 +4,7 @@ ratio_clip-kernel losses."""
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +13,8 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 import kernels
 from grpo_jax.algorithms.aggregation import UNITS, seq_mean_over_tokens
 from grpo_jax.algorithms.ratio import clamped_exp, clipped_surrogate
-from grpo_jax.algorithms.registry import Registry
 from grpo_jax.metrics import Metric
-
-if TYPE_CHECKING:
-    from grpo_jax.algorithms.config import AlgorithmConfig
+from grpo_jax.registry import Params, Registry
 
 sg = jax.lax.stop_gradient
 KERNELS = (None, "ratio_clip")
@@ -84,29 +81,38 @@ class LossTerms(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
-    fn: Callable[["AlgorithmConfig", LossInputs], LossTerms]
+    fn: Callable[["LossParams", LossInputs], LossTerms]
+    params: type  # its parameter dataclass (a LossParams): the value of AlgorithmConfig.loss
     unit: str  # "token" or "sequence"
     ratio: bool  # uses l^old (an importance ratio or a trust region): may run several updates per rollout batch
-    fields: tuple[str, ...]  # the AlgorithmConfig fields it reads (the others must stay default)
-    kernel: str | None  # "ratio_clip": runs through kernels.ratio_clip, as AlgorithmConfig.ratio_impl picks
-    reference: Callable  # float64 unit reference, see algorithms.reference
-    # Statistics over the whole optimizer-step batch, `stats(cfg, StepBatch) -> {name: per-row array}`
+    kernel: str | None  # "ratio_clip": runs through kernels.ratio_clip, as its params' ratio_impl picks
+    reference: Callable  # float64 unit reference `reference(params, completion)`, see algorithms.reference
+    # Statistics over the whole optimizer-step batch, `stats(params, StepBatch) -> {name: per-row array}`
     # (leading axis: the rows), computed once per update by `step_stats` and split with the rows.
     stats: Callable | None = None
     stats_reference: Callable | None = None
     needs_groups: bool = False  # its statistics read whole groups: every minibatch must hold whole groups
     # At ratio 1 (l = l^old) the gradient equals REINFORCE's with the same aggregation (sequence units:
-    # seq_mean_token_mean) and these per-token advantages `on_policy(cfg, x)`; None: the loss's own.
+    # seq_mean_token_mean) and these per-token advantages `on_policy(params, x)`; None: the loss's own.
     on_policy: Callable | None = None
+    # Parameter values under which both branches of the loss (clipped and not, selected and not) occur
+    # on the small random batches of the registry-wide tests; {}: its defaults do.
+    test_params: dict = dataclasses.field(default_factory=dict)
 
 
 LOSSES: Registry[LossSpec] = Registry("loss")
 
 
-def loss(name: str, *, unit: str, ratio: bool, reference: Callable, fields: tuple[str, ...] = (),
+class LossParams(Params):
+    """Base of a loss's parameters (`AlgorithmConfig.loss`)."""
+
+    registry, path = LOSSES, "algorithm.loss"
+
+
+def loss(name: str, *, unit: str, ratio: bool, reference: Callable, params: type | None = None,
          kernel: str | None = None, stats: Callable | None = None, stats_reference: Callable | None = None,
-         needs_groups: bool = False, on_policy: Callable | None = None):
-    """Registers a policy loss under `name` (the value of `AlgorithmConfig.loss`); see `LossSpec`."""
+         needs_groups: bool = False, on_policy: Callable | None = None, test_params: dict | None = None):
+    """Registers a policy loss under `name` with its parameter class (`AlgorithmConfig.loss`); see `LossSpec`."""
     if unit not in UNITS:
         raise ValueError(f"loss {name!r}: unit={unit!r}; choose one of {UNITS}")
     if kernel not in KERNELS:
@@ -115,29 +121,60 @@ def loss(name: str, *, unit: str, ratio: bool, reference: Callable, fields: tupl
         raise ValueError(f"loss {name!r}: step statistics `stats` need their float64 `stats_reference` (and vice versa)")
     if needs_groups and stats is None:
         raise ValueError(f"loss {name!r}: needs_groups=True is about its step statistics; declare `stats`")
+    params = LOSSES.params_class(name, params, LossParams)
+    if kernel == "ratio_clip" and not issubclass(params, Clip):
+        raise ValueError(f"loss {name!r}: the ratio_clip kernel path reads a Clip's parameters; subclass Clip")
+    params(**(test_params or {}))  # the test values must be valid parameters
 
     def register(fn):
-        LOSSES.add(name, LossSpec(fn, unit, ratio, tuple(fields), kernel, reference, stats, stats_reference,
-                                  needs_groups, on_policy))
+        LOSSES.add(name, LossSpec(fn, params, unit, ratio, kernel, reference, stats, stats_reference, needs_groups,
+                                  on_policy, dict(test_params or {})))
         return fn
 
     return register
 
 
-def surrogate(cfg, x: LossInputs, log_ratio, adv) -> LossTerms:
-    """The clipped surrogate through `cfg.ratio_impl`: the fused kernel (`kernels.ratio_clip`, same
+RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Clip(LossParams):
+    """The clipped importance-ratio surrogate's parameters: the ratio clip [1 - eps_low, 1 + eps_high],
+    `delta` caps the unclipped ratio (two-sided clip, > 1 + eps_high), `clip_c` the dual clip for A < 0
+    (> 1). `ratio_impl` picks how it runs: auto (kernels.ratio_clip's default: pallas on TPU, else
+    jnp), reference (algorithms.ratio, plain autodiff), or a kernels.ratio_clip impl by name."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    delta: float | None = None
+    clip_c: float | None = None
+    ratio_impl: str = "auto"
+
+    def __post_init__(self):
+        self.check({
+            "eps_low": (0 <= self.eps_low < 1, "must lie in [0, 1): the lower ratio clip 1 - eps_low must stay > 0"),
+            "eps_high": (self.eps_high >= 0, "must be >= 0"),
+            "delta": (self.delta is None or self.delta > 1 + self.eps_high,
+                      f"must exceed 1 + eps_high = {1 + self.eps_high} (or be None)"),
+            "clip_c": (self.clip_c is None or self.clip_c > 1, "must be > 1: the dual clip bounds the loss of A < 0"),
+            "ratio_impl": (self.ratio_impl in RATIO_IMPLS, f"is unknown; known: {', '.join(RATIO_IMPLS)}"),
+        })
+
+
+def surrogate(p: Clip, x: LossInputs, log_ratio, adv) -> LossTerms:
+    """The clipped surrogate through `p.ratio_impl`: the fused kernel (`kernels.ratio_clip`, same
     values and gradients) or the jnp reference it replaces; counts the units capped by `delta`."""
-    if cfg.ratio_impl == "reference":
-        u, low, high = clipped_surrogate(log_ratio, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c)
+    if p.ratio_impl == "reference":
+        u, low, high = clipped_surrogate(log_ratio, adv, p.eps_low, p.eps_high, p.delta, p.clip_c)
     else:
-        impl = None if cfg.ratio_impl == "auto" else cfg.ratio_impl
-        u, low, high = kernels.ratio_clip(log_ratio, adv, cfg.eps_low, cfg.eps_high, cfg.delta, cfg.clip_c, impl=impl)
+        impl = None if p.ratio_impl == "auto" else p.ratio_impl
+        u, low, high = kernels.ratio_clip(log_ratio, adv, p.eps_low, p.eps_high, p.delta, p.clip_c, impl=impl)
     metrics = {}
-    if cfg.delta is not None:
-        capped = clamped_exp(sg(log_ratio)) > cfg.delta
+    if p.delta is not None:
+        capped = clamped_exp(sg(log_ratio)) > p.delta
         metrics["delta_capped_frac"] = Metric.mean(capped, x.unit_weight(log_ratio))
     return LossTerms(u, low, high, metrics)
 
 
-SURROGATE_FIELDS = ("eps_low", "eps_high", "delta", "clip_c")
-SURROGATE = dict(ratio=True, fields=SURROGATE_FIELDS, kernel="ratio_clip")
+SURROGATE = dict(ratio=True, kernel="ratio_clip")
+CLIP_TEST = dict(eps_low=0.1, eps_high=0.15)  # narrower than the test batches' noise: both branches occur

@@ -6,10 +6,12 @@ decides which tokens are restricted. The decision is taken once per update by `s
 under micro-batching and sharding, where verl takes it per micro-batch).
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.losses.base import LossTerms, loss, surrogate
+from grpo_jax.algorithms.losses.base import CLIP_TEST, Clip, LossParams, LossTerms, loss, surrogate
 from grpo_jax.algorithms.ratio import clamped_exp
 from grpo_jax.metrics import Metric
 
@@ -31,21 +33,48 @@ def _first(key, eligible, n):
     return eligible & (rank.reshape(eligible.shape) < n)
 
 
-def clip_cov_select(cfg, s):
+@dataclasses.dataclass(frozen=True)
+class ClipCov(Clip):
+    """The PPO clip, and the fraction `ratio` of counted tokens whose gradient it removes, drawn from
+    those whose covariance lies in (lb, ub) (verl's defaults)."""
+
+    ratio: float = 2e-4
+    lb: float = 1.0
+    ub: float = 5.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check({"ratio": (0 < self.ratio <= 1, "is a fraction of the counted tokens, in (0, 1]"),
+                    "lb": (self.lb < self.ub, f"must be < ub={self.ub}")})
+
+
+@dataclasses.dataclass(frozen=True)
+class KlCov(LossParams):
+    """The fraction `ratio` of counted tokens it penalizes and the coefficient `coef` of their |D|."""
+
+    ratio: float = 2e-4
+    coef: float = 1.0
+
+    def __post_init__(self):
+        self.check({"ratio": (0 < self.ratio <= 1, "is a fraction of the counted tokens, in (0, 1]"),
+                    "coef": (self.coef >= 0, "must be >= 0")})
+
+
+def clip_cov_select(p, s):
     """Clip-Cov: a random max(int(r N), 1) of the counted tokens that the PPO clip leaves unclipped and
-    whose covariance lies in (clip_cov_lb, clip_cov_ub); `s.priority` (a random permutation) picks them."""
+    whose covariance lies in (lb, ub); `s.priority` (a random permutation) picks them."""
     counted = s.mask > 0
     ratio = clamped_exp(s.logp - s.old_logp)
     adv = s.advantages
-    clipped = ((adv < 0) & (ratio < 1 - cfg.eps_low)) | ((adv > 0) & (ratio > 1 + cfg.eps_high))
+    clipped = ((adv < 0) & (ratio < 1 - p.eps_low)) | ((adv > 0) & (ratio > 1 + p.eps_high))
     cov = _covariance(s.logp, adv, s.mask)
-    candidates = counted & ~clipped & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
-    return {"select": _first(s.priority, candidates, _count(cfg.clip_cov_ratio, s.mask)).astype(jnp.float32)}
+    candidates = counted & ~clipped & (cov > p.lb) & (cov < p.ub)
+    return {"select": _first(s.priority, candidates, _count(p.ratio, s.mask)).astype(jnp.float32)}
 
 
-def kl_cov_select(cfg, s):
+def kl_cov_select(p, s):
     """KL-Cov: the max(int(k N), 1) counted tokens of largest covariance."""
-    chosen = _first(-_covariance(s.logp, s.advantages, s.mask), s.mask > 0, _count(cfg.kl_cov_ratio, s.mask))
+    chosen = _first(-_covariance(s.logp, s.advantages, s.mask), s.mask > 0, _count(p.ratio, s.mask))
     return {"select": chosen.astype(jnp.float32)}
 
 
@@ -53,23 +82,22 @@ def _selected_frac(x):
     return {"cov_selected_frac": Metric.mean(x.stats["select"], x.mask)}
 
 
-@loss("clip_cov", unit="token", ratio=True, kernel="ratio_clip", reference=reference.clip_cov,
-      fields=("eps_low", "eps_high", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
-      stats=clip_cov_select, stats_reference=reference.clip_cov_select,
-      on_policy=lambda cfg, x: x.advantages * (1.0 - x.stats["select"]))
-def clip_cov(cfg, x):
+@loss("clip_cov", params=ClipCov, unit="token", ratio=True, kernel="ratio_clip", reference=reference.clip_cov,
+      test_params=dict(CLIP_TEST, ratio=0.25, lb=0.0, ub=1.0), stats=clip_cov_select, stats_reference=reference.clip_cov_select,
+      on_policy=lambda p, x: x.advantages * (1.0 - x.stats["select"]))
+def clip_cov(p, x):
     """Clip-Cov: the PPO surrogate with the selected high-covariance tokens' loss and gradient removed."""
-    terms = surrogate(cfg, x, x.logp - x.old_logp, x.advantages)
+    terms = surrogate(p, x, x.logp - x.old_logp, x.advantages)
     return LossTerms(terms.u * (1.0 - x.stats["select"]), terms.clipped_low, terms.clipped_high,
                      {**terms.metrics, **_selected_frac(x)})
 
 
-@loss("kl_cov", unit="token", ratio=True, reference=reference.kl_cov, fields=("kl_cov_ratio", "kl_cov_coef"),
+@loss("kl_cov", params=KlCov, unit="token", ratio=True, reference=reference.kl_cov, test_params=dict(ratio=0.25),
       stats=kl_cov_select, stats_reference=reference.kl_cov_select,
-      on_policy=lambda cfg, x: x.advantages - cfg.kl_cov_coef * x.stats["select"])
-def kl_cov(cfg, x):
-    """KL-Cov: -A r, plus kl_cov_coef |D| on the selected tokens (no clip). At D = 0 the penalty's
-    gradient is JAX's subgradient of |D|, +kl_cov_coef (its declared `on_policy`)."""
+      on_policy=lambda p, x: x.advantages - p.coef * x.stats["select"])
+def kl_cov(p, x):
+    """KL-Cov: -A r, plus coef |D| on the selected tokens (no clip). At D = 0 the penalty's
+    gradient is JAX's subgradient of |D|, +coef (its declared `on_policy`)."""
     d = x.logp - x.old_logp
-    u = -x.advantages * clamped_exp(d) + cfg.kl_cov_coef * jnp.abs(d) * x.stats["select"]
+    u = -x.advantages * clamped_exp(d) + p.coef * jnp.abs(d) * x.stats["select"]
     return LossTerms(u, metrics=_selected_frac(x))

@@ -1,6 +1,6 @@
 """Float64 references of the advantage estimators and of `compute_advantages`: loops over groups.
 
-An estimator reference is fn(cfg, rewards f64[N], groups int[N], lengths[N] or None) -> f64[N]."""
+An estimator reference is fn(params, rewards f64[N], groups int[N], lengths[N] or None) -> f64[N]."""
 
 import math
 
@@ -20,14 +20,14 @@ def _by_group(fn):
     return estimate
 
 
-group_std = _by_group(lambda cfg, rg, lg: (rg - rg.mean()) / (rg.std(ddof=1) + cfg.adv_eps))
+group_std = _by_group(lambda cfg, rg, lg: (rg - rg.mean()) / (rg.std(ddof=1) + cfg.eps))
 group_mean = _by_group(lambda cfg, rg, lg: rg - rg.mean())
 rloo = _by_group(lambda cfg, rg, lg: np.array([rg[i] - np.delete(rg, i).mean() for i in range(len(rg))]))
 opo = _by_group(lambda cfg, rg, lg: rg - (lg * rg).sum() / lg.sum())
 
 
 def batch_std(cfg, r, groups, lengths):
-    return group_mean(cfg, r, groups, lengths) / (r.std(ddof=1) + cfg.adv_eps)
+    return group_mean(cfg, r, groups, lengths) / (r.std(ddof=1) + cfg.eps)
 
 
 def reinforce_pp(cfg, r, groups, lengths):
@@ -37,7 +37,7 @@ def reinforce_pp(cfg, r, groups, lengths):
     tokens = np.repeat(c, lengths.astype(int))
     if len(tokens) < 2 or tokens.std() == 0:
         return np.zeros(len(r))
-    return (c - tokens.mean()) / (tokens.std(ddof=1) + cfg.adv_eps)
+    return (c - tokens.mean()) / (tokens.std(ddof=1) + cfg.eps)
 
 
 def beta_norm(cfg, r, groups, lengths):
@@ -67,8 +67,8 @@ def beta_norm(cfg, r, groups, lengths):
 @_by_group
 def ngrpo(cfg, rg, lg):
     """NGRPO: the group's statistics over its rewards and the virtual maximum-reward samples."""
-    padded = np.concatenate([rg, np.full(cfg.ngrpo_virtual_samples, cfg.ngrpo_max_reward)])
-    return (rg - padded.mean()) / (padded.std(ddof=1) + cfg.adv_eps)
+    padded = np.concatenate([rg, np.full(cfg.virtual_samples, cfg.max_reward)])
+    return (rg - padded.mean()) / (padded.std(ddof=1) + cfg.eps)
 
 
 @_by_group
@@ -76,11 +76,11 @@ def gapo(cfg, rg, lg):
     """GAPO: slide a window of ceil(f G) over the sorted rewards, keep the narrowest (the first on
     ties), Q = its median; scale sqrt(sum (R - Q)^2 / (G - 1))."""
     ordered = sorted(rg)
-    m = max(math.ceil(cfg.gapo_fraction * len(rg) - 1e-6), 1)
+    m = max(math.ceil(cfg.fraction * len(rg) - 1e-6), 1)
     widths = [ordered[s + m - 1] - ordered[s] for s in range(len(rg) - m + 1)]
     best = widths.index(min(widths))
     q = float(np.median(ordered[best:best + m]))
-    return (rg - q) / (math.sqrt(((rg - q) ** 2).sum() / (len(rg) - 1)) + cfg.adv_eps)
+    return (rg - q) / (math.sqrt(((rg - q) ** 2).sum() / (len(rg) - 1)) + cfg.eps)
 
 
 @_by_group
@@ -89,24 +89,22 @@ def noise_aware(cfg, rg, lg):
     p, q = cfg.noise_rate, (rg > 0).mean()
     t = min(max((q - p) / (1 - 2 * p), 0.0), 1.0)
     w = (1 - 2 * p) * t * (1 - t) / (math.sqrt(q * (1 - q) + 1e-8) * math.sqrt(t * (1 - t) + 1e-8))
-    return w * (rg - rg.mean()) / (rg.std(ddof=1) + cfg.adv_eps)
+    return w * (rg - rg.mean()) / (rg.std(ddof=1) + cfg.eps)
 
 
 @_by_group
 def pass_at_k(cfg, rg, lg):
     """Pass@k analytical advantages, with binomial coefficients (math.comb)."""
-    n, c, k = len(rg), int((rg > 0).sum()), cfg.pass_k
+    n, c, k = len(rg), int((rg > 0).sum()), cfg.k
     rho = 1 - math.comb(n - c, k) / math.comb(n, k)
     sigma = math.sqrt(rho * (1 - rho))
     wrong = 1 - rho - (math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1) if n - c >= 1 else 0.0)
-    return np.where(rg > 0, 1 - rho, wrong) / (sigma + cfg.adv_eps)
+    return np.where(rg > 0, 1 - rho, wrong) / (sigma + cfg.eps)
 
 
 def compute_advantages(cfg, rewards, groups, lengths=None, weights=None):
     """The whole of `algorithms.compute_advantages` for rewards [N, K] and integer group ids."""
-    from grpo_jax.algorithms.advantages import ADVANTAGES
-
-    spec = ADVANTAGES[cfg.advantage]
+    spec = cfg.advantage.spec
     rewards = np.asarray(rewards, np.float64).reshape(len(rewards), -1)
     w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
 
@@ -119,7 +117,7 @@ def compute_advantages(cfg, rewards, groups, lengths=None, weights=None):
         return adv
 
     def estimate(r):
-        return zero_spread_to_zero(spec.reference(cfg, r, groups, lengths), r)
+        return zero_spread_to_zero(spec.reference(cfg.advantage, r, groups, lengths), r)
 
     if cfg.reward_combine == "sum_then_normalize":
         combined = rewards @ w
@@ -128,7 +126,7 @@ def compute_advantages(cfg, rewards, groups, lengths=None, weights=None):
         combined = sum(wk * estimate(rewards[:, k]) for k, wk in enumerate(w))
         combined = adv = zero_spread_to_zero(combined, combined)
         if cfg.reward_combine == "normalize_then_sum":
-            adv = (combined - combined.mean()) / (combined.std(ddof=1) + cfg.adv_eps) if np.ptp(combined) > 0 else 0 * combined
+            adv = (combined - combined.mean()) / (combined.std(ddof=1) + 1e-6) if np.ptp(combined) > 0 else 0 * combined
             adv = zero_spread_to_zero(adv, combined)
     if cfg.gpg_scale:
         valid = np.array([np.ptp(combined[groups == g]) > 0 for g in groups])

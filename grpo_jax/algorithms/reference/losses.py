@@ -78,13 +78,13 @@ def clip_cov(cfg, c):
 
 
 def kl_cov(cfg, c):
-    return -c.a * exp_clamped(c.l - c.o) + cfg.kl_cov_coef * np.abs(c.l - c.o) * c.select, None, None
+    return -c.a * exp_clamped(c.l - c.o) + cfg.coef * np.abs(c.l - c.o) * c.select, None, None
 
 
 def holder(cfg, c):
     """The Holder mean of the token ratios, (mean r^p)^(1/p), as a sequence ratio under GSPO's clip."""
     r = exp_clamped(c.l - c.o)
-    p = cfg.holder_p
+    p = cfg.p
     ratio = np.exp(np.mean(np.log(r))) if p == 0 else np.mean(r ** p) ** (1 / p)
     return _surrogate(cfg, float(np.clip(ratio, math.exp(-LOG_RATIO_BOUND), math.exp(LOG_RATIO_BOUND))), c.a[0])
 
@@ -97,7 +97,7 @@ def abc_grpo(cfg, c):
 
 
 def dhpo(cfg, c):
-    a, alpha = c.a, cfg.dhpo_alpha
+    a, alpha = c.a, cfg.alpha
     r = exp_clamped(c.l - c.o)
     s = exp_clamped(np.log(_sequence_ratio(c.f, c.o)) + c.l - c.f)
     mixed = alpha * r + (1 - alpha) * s
@@ -109,7 +109,7 @@ def dhpo(cfg, c):
 def llds(cfg, c):
     u, low, high = _surrogate(cfg, exp_clamped(c.l - c.o), c.a)
     gate = (c.f - c.o).sum() < 0 and c.a.mean() >= 0
-    return u + (cfg.llds_coef * np.maximum(c.o - c.l, 0) if gate else 0), low, high
+    return u + (cfg.coef * np.maximum(c.o - c.l, 0) if gate else 0), low, high
 
 
 def sspo(cfg, c):
@@ -121,11 +121,11 @@ def sspo(cfg, c):
 
 
 def gvpo(cfg, c):
-    return 0.5 * c.scale * (cfg.gvpo_beta * np.sum(c.l - c.o) - c.center - c.a[0]) ** 2, None, None
+    return 0.5 * c.scale * (cfg.beta * np.sum(c.l - c.o) - c.center - c.a[0]) ** 2, None, None
 
 
 def disco(cfg, c):
-    score = np.mean(c.l) if cfg.disco_score == "log_prob" else np.mean(exp_clamped(c.l - c.o))
+    score = np.mean(c.l) if cfg.score == "log_prob" else np.mean(exp_clamped(c.l - c.o))
     return c.coef * score + c.offset + c.kl_coef * np.sum(c.o - c.l), None, None
 
 

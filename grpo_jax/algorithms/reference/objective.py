@@ -22,24 +22,24 @@ def k3(l, ref):
     return np.minimum(np.exp(np.clip(x, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)) - x - 1, 10)
 
 
-# fn(list of per-completion unit losses, N, counted tokens, L_max) -> the step loss
-def token_mean(units, n, ntok, lmax):
+# fn(params, list of per-completion unit losses, N, counted tokens, L_max) -> the step loss
+def token_mean(p, units, n, ntok, lmax):
     return sum(u.sum() for u in units) / ntok
 
 
-def seq_mean_token_mean(units, n, ntok, lmax):
+def seq_mean_token_mean(p, units, n, ntok, lmax):
     return sum(u.mean() for u in units) / n
 
 
-def seq_mean_token_sum(units, n, ntok, lmax):
+def seq_mean_token_sum(p, units, n, ntok, lmax):
     return sum(u.sum() for u in units) / n
 
 
-def seq_mean_token_sum_norm(units, n, ntok, lmax):
+def seq_mean_token_sum_norm(p, units, n, ntok, lmax):
     return sum(u.sum() for u in units) / (n * lmax)
 
 
-def seq_mean(units, n, ntok, lmax):
+def seq_mean(p, units, n, ntok, lmax):
     return sum(float(u) for u in units) / n
 
 
@@ -58,13 +58,11 @@ def correction_weight(cfg, d):
 # ----------------------------------------------------------------------------- the whole policy loss
 def step_statistics(cfg, logp, old_logp, advantages, mask, entropy, priority, tokens=None, group_size=None):
     """(the loss's statistics, the top-entropy keep mask), as `algorithms.step_stats` decides them."""
-    from grpo_jax.algorithms.losses import LOSSES
-
-    spec = LOSSES[cfg.loss]
+    spec = cfg.loss.spec
     adv = advantages if advantages.ndim == 2 else np.broadcast_to(advantages[:, None], mask.shape)
     s = types.SimpleNamespace(logp=logp, old_logp=old_logp, advantages=adv, mask=mask, entropy=entropy,
                               priority=priority, tokens=tokens, group_size=group_size)
-    stats = spec.stats_reference(cfg, s) if spec.stats is not None else {}
+    stats = spec.stats_reference(cfg.loss, s) if spec.stats is not None else {}
     return stats, entropy_keep(cfg.top_entropy_quantile, entropy, mask)
 
 
@@ -76,11 +74,9 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
     `lv` carries the perturbation of a gradient check, `lf` the unperturbed log-probs (everything the
     library detaches is computed from lf, including the step statistics, which a caller that
     evaluates many perturbations passes once as `statistics`)."""
-    from grpo_jax.algorithms.aggregation import AGGREGATIONS
     from grpo_jax.algorithms.kl import KL_ESTIMATORS
-    from grpo_jax.algorithms.losses import LOSSES
 
-    spec = LOSSES[cfg.loss]
+    spec = cfg.loss.spec
     stats, keep = statistics or step_statistics(cfg, lf, old_logp, advantages, mask, entropy, priority, tokens,
                                                 group_size)
     counted = [np.flatnonzero(mask[i] > 0) for i in range(len(mask))]
@@ -94,7 +90,7 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
         a = advantages[i, idx] if advantages.ndim == 2 else np.full(len(idx), advantages[i])
         mine = {k: v[i, idx] if v.ndim == 2 else v[i] for k, v in stats.items()}
         c = types.SimpleNamespace(l=lv[i, idx], f=lf[i, idx], o=old_logp[i, idx], a=a, **mine)
-        u, low, high = spec.reference(cfg, c)
+        u, low, high = spec.reference(cfg.loss, c)
         per_sequence = spec.unit == "sequence" and np.ndim(low) == 0  # gmpo flags tokens
         for name, flags in (("low", low), ("high", high)):
             flags = np.zeros(len(idx), bool) if flags is None else np.asarray(flags)
@@ -119,7 +115,7 @@ def policy_loss(cfg, lv, lf, old_logp, advantages, mask, ref_logp=None, sampler_
         if cfg.entropy_coef:
             reg = reg - cfg.entropy_coef * entropy[i, idx]
         units.append(u + (reg.mean() if spec.unit == "sequence" else reg))
-    loss = AGGREGATIONS[cfg.aggregation].reference(units, n, ntok, max_completion_len) if n else 0.0
+    loss = cfg.aggregation.spec.reference(cfg.aggregation, units, n, ntok, max_completion_len) if n else 0.0
     fractions = {
         "clip_frac_low": sum(clips["low"]) / max(clips["units"], 1),
         "clip_frac_high": sum(clips["high"]) / max(clips["units"], 1),

@@ -27,8 +27,8 @@ def clip_cov_select(cfg, s):
     cov = _covariance(s.logp, adv, counted)
     ratio = exp_clamped(s.logp - s.old_logp)
     clipped = ((adv < 0) & (ratio < 1 - cfg.eps_low)) | ((adv > 0) & (ratio > 1 + cfg.eps_high))
-    candidates = counted & ~clipped & (cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)
-    n = max(int(cfg.clip_cov_ratio * counted.sum()), 1)
+    candidates = counted & ~clipped & (cov > cfg.lb) & (cov < cfg.ub)
+    n = max(int(cfg.ratio * counted.sum()), 1)
     for _, (i, t) in sorted(zip(s.priority[candidates], zip(*np.nonzero(candidates))))[:n]:
         out[i, t] = 1.0
     return {"select": out}
@@ -40,7 +40,7 @@ def kl_cov_select(cfg, s):
     out = np.zeros(s.mask.size)
     if counted.any():
         cov = np.where(counted, _covariance(s.logp, s.advantages, counted), -np.inf).reshape(-1)
-        out[np.argsort(-cov, kind="stable")[:max(int(cfg.kl_cov_ratio * counted.sum()), 1)]] = 1.0
+        out[np.argsort(-cov, kind="stable")[:max(int(cfg.ratio * counted.sum()), 1)]] = 1.0
     return {"select": out.reshape(s.mask.shape) * counted}
 
 
@@ -77,7 +77,7 @@ def gvpo_stats(cfg, s):
     center, scale = np.zeros(len(s.mask)), np.zeros(len(s.mask))
     groups, share = _groups(s)
     for rows, counted in groups:
-        implicit = [cfg.gvpo_beta * (s.logp[i, _tokens(s, i)] - s.old_logp[i, _tokens(s, i)]).sum() for i in counted]
+        implicit = [cfg.beta * (s.logp[i, _tokens(s, i)] - s.old_logp[i, _tokens(s, i)]).sum() for i in counted]
         for i in rows:
             center[i] = np.mean(implicit) if counted else 0.0
             scale[i] = share / (len(counted) - 1) if len(counted) >= 2 else 0.0
@@ -91,25 +91,25 @@ def disco_stats(cfg, s):
 
     def score(i):
         t = _tokens(s, i)
-        return s.logp[i, t].mean() if cfg.disco_score == "log_prob" else exp_clamped(s.logp[i, t] - s.old_logp[i, t]).mean()
+        return s.logp[i, t].mean() if cfg.score == "log_prob" else exp_clamped(s.logp[i, t] - s.old_logp[i, t]).mean()
 
     for _, counted in groups:
         pos = [i for i in counted if _mean(s, s.advantages, i) > 0]
         neg = [i for i in counted if _mean(s, s.advantages, i) < 0]
         if not pos or not neg:
             continue
-        z = np.array([score(i) / cfg.disco_tau for i in neg])
+        z = np.array([score(i) / cfg.tau for i in neg])
         w = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
         log_mean_exp = math.log(np.mean(np.exp(z)))
         for i in pos:
             coef[i] = -share / len(pos)
         for j, i in enumerate(neg):
             coef[i] = share * w[j]
-            offset[i] = share * w[j] * (cfg.disco_tau * log_mean_exp - score(i))
+            offset[i] = share * w[j] * (cfg.tau * log_mean_exp - score(i))
     counted_tokens = [(i, t) for i in range(b) for t in _tokens(s, i)]
     kl = np.mean([s.old_logp[i, t] - s.logp[i, t] for i, t in counted_tokens]) if counted_tokens else 0.0
     rows = sum(len(c) for _, c in groups)
-    kl_coef = cfg.disco_beta * max(kl - cfg.disco_delta, 0.0) * rows / max(len(counted_tokens), 1)
+    kl_coef = cfg.beta * max(kl - cfg.delta, 0.0) * rows / max(len(counted_tokens), 1)
     return {"coef": coef, "offset": offset, "kl_coef": np.full(b, kl_coef)}
 
 
@@ -142,14 +142,14 @@ def gtpo_stats(cfg, s):
         pos, neg = {i for i in counted if adv[i] > 0}, {i for i in counted if adv[i] < 0}
         for i in counted:
             entropy = _mean(s, s.entropy, i)
-            shaped = adv[i] - cfg.gtpo_entropy_coef * entropy if entropy <= cfg.gtpo_entropy_max else 0.0
+            shaped = adv[i] - cfg.entropy_coef * entropy if entropy <= cfg.entropy_max else 0.0
             runs = [_conflict_runs(s, rows, i, pos, neg, p) for p in ("forward", "backward")] if adv[i] != 0 else [set(), set()]
             n_conflict = max(len(runs[0] | runs[1]), 1)
             for t in _tokens(s, i):
                 weight = 1.0
                 for run in runs:
                     if t in run:
-                        weight *= cfg.gtpo_conflict_weight if i in pos else 0.0
+                        weight *= cfg.conflict_weight if i in pos else 0.0
                 out[i, t] = shaped * weight / n_conflict
     return {"advantages": out}
 
@@ -160,7 +160,7 @@ def egsw_stats(cfg, s):
     for _, counted in groups:
         if not counted:
             continue
-        z = np.array([(_mean(s, s.advantages, i) + cfg.egsw_alpha * _mean(s, s.entropy, i)) / cfg.egsw_temperature
+        z = np.array([(_mean(s, s.advantages, i) + cfg.alpha * _mean(s, s.entropy, i)) / cfg.temperature
                       for i in counted])
         e = np.exp(z - z.max())
         weight[counted] = len(counted) * e / e.sum()
