@@ -1,6 +1,7 @@
 """Presets and AlgorithmConfig validation: every preset runs end to end; bad configs fail early."""
 
 import dataclasses
+import json
 import re
 
 import jax
@@ -143,3 +144,25 @@ def test_rloo_sums_the_log_probs_of_a_completion():
     adv = np.array([1.0, -1.0], np.float32)
     loss, _ = policy_loss(cfg, logp, logp, adv, mask, normalizer=normalizer(cfg, mask, 3))
     assert float(loss) == pytest.approx((6.0 - 1.0) / 2)
+
+
+def test_configs_saved_before_the_variants_owned_their_parameters_resume():
+    """Every preset's flattened config as checkpoints stored it before (flat fields, some prefixed by
+    their variant: tests/fixtures) maps onto today's exactly, and a changed parameter is still refused."""
+    from grpo_jax.config import Config, flatten, resume_changes
+
+    fixture = json.loads((PATH.parents[1] / "tests" / "fixtures" / "algorithm_configs_before_params.json").read_text())
+    old = {"grpo": fixture["grpo"], **{k: {**fixture["grpo"], **v} for k, v in fixture["others"].items()}}
+    now = {name: AlgorithmConfig.from_preset(name) for name in PRESETS}
+    now["grpo(eps_high=0.27, delta=3.0, ratio_impl=reference)"] = AlgorithmConfig.from_preset(
+        "grpo", loss=losses.PpoClip(eps_high=0.27, delta=3.0, ratio_impl="reference"))
+    now |= {"clip_cov": AlgorithmConfig(loss=losses.ClipCov(ratio=0.01)), "kl_cov": AlgorithmConfig(loss="kl_cov"),
+            "beta_norm": AlgorithmConfig(advantage="beta_norm")}
+    assert old.keys() == now.keys()
+    for name, saved in old.items():
+        flat = flatten(Config(model_path="unused", algorithm=now[name]))
+        saved = {**{k: v for k, v in flat.items() if not k.startswith("algorithm.")}, **saved}
+        assert resume_changes(saved, flat) == [], name
+    flat = flatten(Config(model_path="unused", algorithm=AlgorithmConfig(loss=losses.ClipCov(ratio=0.02))))
+    saved = {**{k: v for k, v in flat.items() if not k.startswith("algorithm.")}, **old["clip_cov"]}
+    assert resume_changes(saved, flat) == ["algorithm.loss.ratio: 0.01 -> 0.02"]
