@@ -2,10 +2,10 @@
 
 A metric is (value, weight, reduction): for "mean" the value is the weighted sum and the weight the
 sum of weights; "sum" counts (skipped updates, dropped groups); "max"/"min" keep the extreme of the
-entries with weight > 0. Micro-batches, devices, the updates of an RL step and the scanned updates
-of the fused rl_step all merge with `combine` and are read once with `finalize`, so a step metric is
-never an average of means and a counter is never averaged. The reduction is static pytree metadata:
-metrics cross jit boundaries and `lax.scan` as (value, weight) leaves.
+entries with weight > 0. Micro-batches, devices and the updates of an RL step all merge with
+`combine` and are read once with `finalize`, so a step metric is never an average of means and a
+counter is never averaged. The reduction is static pytree metadata: metrics cross jit boundaries and
+`lax.scan` as (value, weight) leaves.
 """
 
 import dataclasses

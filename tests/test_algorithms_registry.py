@@ -10,7 +10,6 @@ from grpo_jax.algorithms import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     LOSSES,
-    LossTerms,
     advantage,
     aggregation,
     kl_estimator,

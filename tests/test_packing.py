@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import models, packing, rl_step, sharding, trainer
+from grpo_jax import models, packing, sharding, trainer
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import MeshConfig
@@ -169,9 +169,6 @@ def test_packing_refuses_what_it_cannot_lay_out(tmp_path):
     with pytest.raises(ValueError, match="train.packing=True: train.prefix_grouper=True .*set train.packing=False "
                                          "or train.prefix_grouper=False"):
         ts.check(dataclasses.replace(on, train=dataclasses.replace(on.train, prefix_grouper=True)))
-    mesh = sharding.make_mesh(MeshConfig(data=1), jax.devices()[:1])
-    with pytest.raises(ValueError, match="train.packing=True: the packed layout is planned on the host.*fused rl_step"):
-        rl_step.jit_rl_step(on, optax.sgd(1.0), mesh, None, lambda completions, mask, answers: mask.sum(1))
     from test_trainer import config as trainer_config  # 8 rows, 2 minibatches, 2 devices on the batch axes
     with pytest.raises(ValueError, match="train.packing=True packs each device's share of each micro-batch, but a "
                                          "minibatch of 4 rows does not split over 2 devices x train.micro_batches=4"):
