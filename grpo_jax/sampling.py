@@ -251,8 +251,8 @@ def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConf
     """Host-side errors before compiling (prompt width and lengths, stop ids); returns the stop ids
     (none with `ignore_eos`).
 
-    `generate` = `check_prompts` + `rollout`; a caller that jits more than sampling (the fused RL step)
-    runs this on the host and passes the stop ids, which are static, to `rollout`.
+    `generate` = `check_prompts` + `rollout`; a caller that jits more than sampling runs this on the
+    host and passes the stop ids, which are static, to `rollout`.
     """
     width = prompts.tokens.shape[1]
     if width != sampling_cfg.max_prompt_len:
