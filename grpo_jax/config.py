@@ -3,7 +3,9 @@
 A run is one `Config`. Experiment files under `experiments/configs/` are Python that builds one;
 a fork of an experiment is a new config file, never a new flag. `ModelConfig` lives with the model
 (it mirrors a Hugging Face config.json) and `AlgorithmConfig` with the algorithms (its presets are
-the table in docs/presets.md); both are re-exported here.
+the table in docs/presets.md); both are re-exported here, as are the reward, LoRA and task configs.
+Code imports every config type from this module, wherever it is defined: `from grpo_jax.config
+import Config, ModelConfig, RewardConfig, ...` (only the packages this module imports use their own).
 """
 
 import dataclasses
@@ -13,12 +15,13 @@ import math
 import types
 import typing
 
-from grpo_jax.algorithms.config import AlgorithmConfig  # noqa: F401  (re-export)
+from grpo_jax.algorithms.config import PARTS, AlgorithmConfig
 from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
 from grpo_jax.lora import LoraConfig
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
+from grpo_jax.registry import Params
 from grpo_jax.rewards.functions import RewardConfig
 
 
@@ -37,7 +40,6 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
-
     # The sharding tolerance (grpo_jax.sharding.check_replicated, MaxText's): on a mesh whose fsdp, tensor
     # or expert axis splits weights, the largest fraction of the train state's bytes (params and optimizer
     # state) that may stay whole on every device although the rules could split it (a dimension the mesh
@@ -50,6 +52,7 @@ class MeshConfig:
             "max_replicated_fraction": (0 <= self.max_replicated_fraction <= 1,
                                         "must be in [0, 1] (the share of the train state's bytes; 1: never fail)"),
         }, self)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -243,8 +246,8 @@ def flatten(cfg) -> dict:
     def walk(obj, prefix):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if isinstance(value, TaskConfig):
-                yield f"{prefix}{f.name}", task_name(value)
+            if isinstance(value, (TaskConfig, Params)):
+                yield f"{prefix}{f.name}", task_name(value) if isinstance(value, TaskConfig) else value.name
             if dataclasses.is_dataclass(value):
                 yield from walk(value, f"{prefix}{f.name}.")
             else:
@@ -267,10 +270,47 @@ RESUMABLE = (
 )
 
 
+# Before the variants owned their parameters (2026-11-27), AlgorithmConfig held them all as flat fields,
+# some prefixed by their variant's name: (part, variant) -> {parameter: the flat field's name}. A field
+# not listed kept its name (adv_eps became each estimator's eps).
+_RENAMED = {
+    ("loss", "holder"): {"p": "holder_p"}, ("loss", "llds"): {"coef": "llds_coef"},
+    ("loss", "clip_cov"): {"ratio": "clip_cov_ratio", "lb": "clip_cov_lb", "ub": "clip_cov_ub"},
+    ("loss", "kl_cov"): {"ratio": "kl_cov_ratio", "coef": "kl_cov_coef"}, ("loss", "dhpo"): {"alpha": "dhpo_alpha"},
+    ("loss", "gvpo"): {"beta": "gvpo_beta"},
+    ("loss", "disco"): {"score": "disco_score", "tau": "disco_tau", "delta": "disco_delta", "beta": "disco_beta"},
+    ("loss", "gtpo"): {"conflict_weight": "gtpo_conflict_weight", "entropy_max": "gtpo_entropy_max",
+                       "entropy_coef": "gtpo_entropy_coef"},
+    ("loss", "egsw"): {"alpha": "egsw_alpha", "temperature": "egsw_temperature"},
+    ("advantage", "ngrpo"): {"max_reward": "ngrpo_max_reward", "virtual_samples": "ngrpo_virtual_samples"},
+    ("advantage", "gapo"): {"fraction": "gapo_fraction"}, ("advantage", "pass_at_k"): {"k": "pass_k"},
+}
+
+
+def upgrade(saved: dict) -> dict:
+    """A checkpoint's flattened config in today's keys: one saved before the variants owned their
+    parameters has its flat algorithm fields moved under the parts that read them (the others were
+    at their defaults, unread, and are dropped)."""
+    if "algorithm.adv_eps" not in saved:
+        return saved
+    kept = {f"algorithm.{f}" for f in AlgorithmConfig.__dataclass_fields__}
+    out = {k: v for k, v in saved.items() if not k.startswith("algorithm.") or k in kept}
+    for part in ("advantage", "loss"):
+        name = saved[f"algorithm.{part}"]
+        renamed = _RENAMED.get((part, name), {})
+        for f in dataclasses.fields(PARTS[part].registry[name].params):
+            old = renamed.get(f.name, "adv_eps" if (part, f.name) == ("advantage", "eps") else f.name)
+            if f"algorithm.{old}" in saved:
+                out[f"algorithm.{part}.{f.name}"] = saved[f"algorithm.{old}"]
+    return out
+
+
 def resume_changes(saved: dict, now: dict) -> list[str]:
-    """The fields in which `now` (flatten of the run's config) differs from `saved` (a checkpoint's) and may
-    not, as "field: saved -> now" lines. `train.steps` may change (extend or cut a run) only with a
-    constant learning rate: a cosine schedule decays over train.steps, so it sets the trajectory."""
+    """The fields in which `now` (flatten of the run's config) differs from `saved` (a checkpoint's, in
+    its own or an older format: `upgrade`) and may not, as "field: saved -> now" lines. `train.steps`
+    may change (extend or cut a run) only with a constant learning rate: a cosine schedule decays over
+    train.steps, so it sets the trajectory."""
+    saved = upgrade(saved)
     now = json.loads(json.dumps(now))  # tuples and lists alike, as stored
     may_change = RESUMABLE + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
     return [
@@ -329,6 +369,10 @@ def _apply(obj, tree: dict, prefix: str):
         if name not in names:
             near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
             hint = f"did you mean {' or '.join(repr(n) for n in near)}?" if near else f"fields: {', '.join(names)}"
+            owners = [f.name for f in dataclasses.fields(obj) if dataclasses.is_dataclass(getattr(obj, f.name))
+                      and name in {g.name for g in dataclasses.fields(getattr(obj, f.name))}]
+            if owners:  # a part's parameter set one level too high (e.g. algorithm.eps_low)
+                hint = f"--set {prefix}{owners[0]}.{name}= ({name} is a parameter of {prefix}{owners[0]})"
             raise ValueError(f"--set {prefix}{name}: {type(obj).__name__} has no field {name!r}; {hint}")
         hint = typing.get_type_hints(type(obj))[name]
         if isinstance(sub, dict):

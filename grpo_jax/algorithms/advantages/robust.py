@@ -19,7 +19,7 @@ class Ngrpo(Standardized):
 
     def __post_init__(self):
         super().__post_init__()
-        self.check({"virtual_samples": (self.virtual_samples >= 1, "must be >= 1 (virtual max-reward samples per group)")})
+        self.check({"virtual_samples": (self.virtual_samples >= 1, "must be >= 1 (virtual samples per group)")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Gapo(Standardized):
 
     def __post_init__(self):
         super().__post_init__()
-        self.check({"fraction": (0 < self.fraction <= 1, "must lie in (0, 1] (the share of a group its interval covers)")})
+        self.check({"fraction": (0 < self.fraction <= 1, "must lie in (0, 1] (a share of the group)")})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,8 @@ class NoiseAware(Standardized):
 
     def __post_init__(self):
         super().__post_init__()
-        self.check({"noise_rate": (0 <= self.noise_rate < 0.5, "must lie in [0, 0.5) (a flip probability; 0.5 is pure noise)")})
+        self.check({"noise_rate": (0 <= self.noise_rate < 0.5,
+                                   "must lie in [0, 0.5) (a flip probability; 0.5 is pure noise)")})
 
 
 @advantage("ngrpo", params=Ngrpo, reference=reference.ngrpo, learns_from_uniform_groups=True)

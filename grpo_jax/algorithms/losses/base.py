@@ -137,6 +137,12 @@ def loss(name: str, *, unit: str, ratio: bool, reference: Callable, params: type
 RATIO_IMPLS = ("auto", "reference", *kernels.RATIO_CLIP_IMPLS)
 
 
+def ratio_bounds(p, low: str = "eps_low", high: str = "eps_high") -> dict:
+    """The validation rules of a ratio clip [1 - p.<low>, 1 + p.<high>] (for `Params.check`)."""
+    return {low: (0 <= getattr(p, low) < 1, "must lie in [0, 1): the lower ratio bound 1 - eps must stay > 0"),
+            high: (getattr(p, high) >= 0, "must be >= 0")}
+
+
 @dataclasses.dataclass(frozen=True)
 class Clip(LossParams):
     """The clipped importance-ratio surrogate's parameters: the ratio clip [1 - eps_low, 1 + eps_high],
@@ -152,8 +158,7 @@ class Clip(LossParams):
 
     def __post_init__(self):
         self.check({
-            "eps_low": (0 <= self.eps_low < 1, "must lie in [0, 1): the lower ratio clip 1 - eps_low must stay > 0"),
-            "eps_high": (self.eps_high >= 0, "must be >= 0"),
+            **ratio_bounds(self),
             "delta": (self.delta is None or self.delta > 1 + self.eps_high,
                       f"must exceed 1 + eps_high = {1 + self.eps_high} (or be None)"),
             "clip_c": (self.clip_c is None or self.clip_c > 1, "must be > 1: the dual clip bounds the loss of A < 0"),

@@ -6,7 +6,9 @@ import dataclasses
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.losses.base import CLIP_TEST, SURROGATE, Clip, LossParams, LossTerms, loss, sg, surrogate
+from grpo_jax.algorithms.losses.base import (
+    CLIP_TEST, SURROGATE, Clip, LossParams, LossTerms, loss, ratio_bounds, sg, surrogate,
+)
 from grpo_jax.algorithms.ratio import clamped_exp
 from grpo_jax.metrics import Metric
 from kernels.ratio_clip import LOG_RATIO_BOUND
@@ -91,12 +93,7 @@ class AbcGrpo(LossParams):
     neg_eps_high: float = 0.2
 
     def __post_init__(self):
-        self.check({
-            "eps_low": (0 <= self.eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "eps_high": (self.eps_high >= 0, "must be >= 0"),
-            "neg_eps_low": (0 <= self.neg_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "neg_eps_high": (self.neg_eps_high >= 0, "must be >= 0"),
-        })
+        self.check({**ratio_bounds(self), **ratio_bounds(self, "neg_eps_low", "neg_eps_high")})
 
 
 @loss("abc_grpo", params=AbcGrpo, unit="token", ratio=True, reference=reference.abc_grpo,
@@ -126,10 +123,7 @@ class Dhpo(LossParams):
 
     def __post_init__(self):
         self.check({
-            "eps_low": (0 <= self.eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "eps_high": (self.eps_high >= 0, "must be >= 0"),
-            "seq_eps_low": (0 <= self.seq_eps_low < 1, "must lie in [0, 1) (the lower ratio bound 1 - eps must stay > 0)"),
-            "seq_eps_high": (self.seq_eps_high >= 0, "must be >= 0"),
+            **ratio_bounds(self), **ratio_bounds(self, "seq_eps_low", "seq_eps_high"),
             "alpha": (0 <= self.alpha <= 1, "must lie in [0, 1] (1: token ratio only, 0: sequence ratio only)"),
         })
 

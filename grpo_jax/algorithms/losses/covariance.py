@@ -83,7 +83,8 @@ def _selected_frac(x):
 
 
 @loss("clip_cov", params=ClipCov, unit="token", ratio=True, kernel="ratio_clip", reference=reference.clip_cov,
-      test_params=dict(CLIP_TEST, ratio=0.25, lb=0.0, ub=1.0), stats=clip_cov_select, stats_reference=reference.clip_cov_select,
+      test_params=dict(CLIP_TEST, ratio=0.25, lb=0.0, ub=1.0),
+      stats=clip_cov_select, stats_reference=reference.clip_cov_select,
       on_policy=lambda p, x: x.advantages * (1.0 - x.stats["select"]))
 def clip_cov(p, x):
     """Clip-Cov: the PPO surrogate with the selected high-covariance tokens' loss and gradient removed."""

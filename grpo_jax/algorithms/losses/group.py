@@ -212,7 +212,8 @@ def egsw_stats(p, s):
 
 
 @loss("egsw", params=Egsw, unit="token", reference=reference.egsw,
-      test_params=dict(CLIP_TEST, alpha=0.5, temperature=0.7), stats=egsw_stats, stats_reference=reference.egsw_stats, needs_groups=True,
+      test_params=dict(CLIP_TEST, alpha=0.5, temperature=0.7),
+      stats=egsw_stats, stats_reference=reference.egsw_stats, needs_groups=True,
       on_policy=lambda p, x: x.advantages * x.stats["weight"][:, None], **SURROGATE)
 def egsw(p, x):
     """EGSW, trajectory-wise (arXiv 2503.22456; from the paper's formula as its summaries state it):
