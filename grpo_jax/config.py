@@ -186,7 +186,7 @@ class ModelOptions:
     attention: str = "xla"
     moe_impl: str = "dense"  # dense (every expert on every token) | ragged (grouped by expert)
     logprobs_impl: str = "auto"  # auto (pallas on TPU, else chunked) | naive (full logits) | chunked | pallas
-    layer_loop: str = "auto"  # auto (unrolled on CPU, but scan to train under remat; else scan) | scan | unrolled
+    layer_loop: str = "auto"  # auto (by backend: models.decoder.layers_unrolled) | scan | unrolled
 
     def __post_init__(self):
         check_run_fields(self, "Config.model_options")

@@ -25,6 +25,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # the tests are all compiling. Off for the session and the processes it launches; tests/test_host_memory.py
 # turns it on in its own.
 os.environ["GRPO_JAX_KEEP_FREED_MEMORY"] = "0"
+# The layout TPUs and GPUs run: layer_loop="auto" scans the layers, carries the KV cache stacked through
+# the scan and gathers each layer's weights inside it, where on CPU it would unroll them
+# (grpo_jax.models.decoder.layers_unrolled). The tests of the CPU layout ask for it by
+# layer_loop="unrolled", or leave this variable out with monkeypatch.
+os.environ["GRPO_JAX_LAYOUT"] = "accelerator"
 # One persistent compilation cache for the session, in a temporary directory: runs never write into the
 # user's ~/.cache (a directory given to JAX wins over train.compilation_cache_dir: grpo_jax.run), and
 # programs that several tests compile alike load instead. Made by the controller; the xdist workers and

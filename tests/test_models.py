@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import os
 import shutil
 
 import jax
@@ -13,6 +14,7 @@ import torch
 import transformers
 
 from grpo_jax import models
+from grpo_jax.models.decoder import LAYOUT_ENV
 
 VOCAB = 97
 KINDS = {  # name -> (HF config class, extra kwargs)
@@ -219,10 +221,12 @@ def test_remat_policies_give_the_same_gradients(hf_dirs):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
-def test_unrolled_layers_equal_the_layer_scan(hf_dirs, kind):
+def test_unrolled_layers_equal_the_layer_scan(hf_dirs, kind, monkeypatch):
     """layer_loop="unrolled" (the layer scan unrolled into straight-line code) computes what the scan
     does: hidden states, router logits and every gradient; on the dense model (one run of 3 layers) and
-    on the MoE model whose MoE, dense, MoE layers make three runs of one. "auto" unrolls on CPU."""
+    on the MoE model whose MoE, dense, MoE layers make three runs of one. "auto" unrolls on CPU (without
+    the session's GRPO_JAX_LAYOUT=accelerator)."""
+    monkeypatch.delenv(LAYOUT_ENV)
     _, path = hf_dirs[(kind, False)]
     tokens, seg, pos = left_padded([7, 4], 7)
 
@@ -242,10 +246,12 @@ def test_unrolled_layers_equal_the_layer_scan(hf_dirs, kind):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), outs[0], out)
 
 
-def test_auto_scans_the_layers_under_remat():
+def test_auto_scans_the_layers_under_remat(monkeypatch):
     """Unrolled, XLA:CPU keeps what remat would free (a 4-layer gradient under remat="full": ~2.5 MB of
     temporaries against ~0.8 scanned), so "auto" scans the layers without a cache whenever remat is
-    on; the sampler's cache stays one buffer per layer on CPU."""
+    on; the sampler's cache stays one buffer per layer on CPU (the CPU rule: without the session's
+    GRPO_JAX_LAYOUT=accelerator)."""
+    monkeypatch.delenv(LAYOUT_ENV)
     base = models.ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=4,
                               num_heads=4, num_kv_heads=2, head_dim=8, remat="full")
     tokens = np.arange(128).reshape(2, 64) % base.vocab_size
@@ -260,6 +266,39 @@ def test_auto_scans_the_layers_under_remat():
     assert temps["auto"] == temps["scan"] and temps["unrolled"] > 2 * temps["scan"]
     on_cpu = jax.default_backend() == "cpu"
     assert isinstance(models.init_cache(dataclasses.replace(base, layer_loop="auto"), 1, 4)["k"], list) == on_cpu
+
+
+def test_auto_picks_the_layout_by_backend(monkeypatch):
+    """`layers_unrolled` is the one rule of layer_loop="auto": on CPU the layers run unrolled, except
+    without a cache (training, scoring) under remat, which scans; on TPU and GPU, and on CPU with
+    GRPO_JAX_LAYOUT=accelerator (what the test session sets, tests/conftest.py), they scan and the
+    KV cache is stacked over layers. "scan" and "unrolled" hold on every backend and either way."""
+    assert os.environ[LAYOUT_ENV] == "accelerator"  # the suite tests the accelerator layout by default
+    base = models.ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=3,
+                              num_heads=4, num_kv_heads=2, head_dim=8)
+    cases = [(remat, cache) for remat in ("none", "full", "dots") for cache in (True, False)]
+
+    def rule(loop="auto"):
+        return {(r, c): models.layers_unrolled(dataclasses.replace(base, remat=r, layer_loop=loop), c) for r, c in cases}
+
+    on_cpu = jax.default_backend() == "cpu"
+    for env in (None, "", "accelerator"):
+        if env is None:
+            monkeypatch.delenv(LAYOUT_ENV)
+        else:
+            monkeypatch.setenv(LAYOUT_ENV, env)
+        cpu_layout = on_cpu and env != "accelerator"
+        assert rule() == {(r, c): cpu_layout and (c or r == "none") for r, c in cases}, env
+        assert rule("scan") == dict.fromkeys(cases, False) and rule("unrolled") == dict.fromkeys(cases, True)
+        k = models.init_cache(base, 2, 5)["k"]
+        if cpu_layout:
+            assert [a.shape for a in k] == [(2, 2, 8, 5)] * 3
+        else:
+            assert k.shape == (3, 2, 2, 8, 5)
+    monkeypatch.setenv(LAYOUT_ENV, "cpu")
+    with pytest.raises(ValueError, match="GRPO_JAX_LAYOUT='cpu' is not understood; use 'accelerator' or leave it unset"):
+        models.layers_unrolled(base)
+    assert not models.layers_unrolled(dataclasses.replace(base, layer_loop="scan"))  # read only for "auto"
 
 
 def test_ragged_experts_equal_dense_experts(hf_dirs):

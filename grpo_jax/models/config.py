@@ -80,7 +80,8 @@ class ModelConfig:
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
-    layer_loop: str = "auto"  # auto | scan (one jax.lax.scan) | unrolled; training and sampling (decoder docstring)
+    layer_loop: str = "auto"  # auto | scan (one jax.lax.scan) | unrolled; training and sampling. auto: by backend,
+    # scan on TPU/GPU, unrolled on CPU; the rule (and GRPO_JAX_LAYOUT=accelerator) in models.decoder.layers_unrolled
 
     def __post_init__(self):
         check_run_fields(self, "ModelConfig")

@@ -6,19 +6,15 @@ padding (segment 0) and packing (several segment ids in one row) need nothing sp
 the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig.layer_loop` runs
 them under one `jax.lax.scan` ("scan": the program's size and compile time do not grow with depth,
 and on a mesh each layer's weights are gathered inside the loop, one layer at a time) or unrolled
-("unrolled"). "auto", the default, unrolls on CPU (but scans training under remat, whose saving
-unrolling undoes) and scans on TPU and GPU. Without a KV cache (training, scoring) unrolling spares
-the backward its stacked residuals: on CPU the update ran 1.04-1.12x faster across the issue-17
-sweep, the forward 0.89-0.98x. With a cache (sampling) the scan carries it stacked over layers, and
-XLA:CPU copies each layer's slice out of the stack before attending to it (47 of 110 ms of a decode
-step over 520 slots), so unrolled decoding keeps one cache buffer per layer instead. Speed was
-measured on CPU only; on accelerators "auto" keeps the scan for its flat programs and its memory (in
-the plan of bench/scale_plan.py unrolled layers need 3-6x the train step's temporaries and 1.2-5x
-the sampler's; bench/README.md).
+("unrolled"). "auto", the default, picks by backend: the scan on TPU and GPU (the accelerator
+layout), unrolled on CPU except training under remat; `layers_unrolled` states the rule and why, and
+bench/README.md measures both. With a KV cache (sampling) the scan carries it stacked over layers;
+unrolled, each layer reads and writes its own cache buffer.
 """
 
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -407,15 +403,40 @@ def unstack_layers(params: Params) -> Params:
             if name in LAYER_STACKS else tree for name, tree in params.items()}
 
 
+LAYOUT_ENV = "GRPO_JAX_LAYOUT"  # "accelerator": layer_loop="auto" scans on CPU too (`layers_unrolled`)
+
+
 def layers_unrolled(cfg: ModelConfig, cache: bool = True) -> bool:
-    """Whether the layers run unrolled rather than scanned (`ModelConfig.layer_loop`; the module
-    docstring): the KV cache's layout (`cache_specs`) and the sampler's weight handling follow it.
-    "auto" unrolls on CPU, except the layers without a cache under remat: unrolled, XLA:CPU keeps what
-    remat would free (the issue-17 update's temporaries under remat="full": 1084 MiB unrolled, 365
-    scanned, 1191 unrolled without remat; bench/README.md)."""
+    """Whether the layers run unrolled rather than under one `jax.lax.scan`: the one place that
+    resolves `ModelConfig.layer_loop`. `cache`: whether they run with a KV cache (sampling: prefill
+    and decode) or without (training, scoring). The KV cache's layout (`cache_specs`) and the
+    sampler's weight handling (`sampling._decoding_params`) follow the answer with `cache=True`.
+
+    "scan" and "unrolled" are taken as given on every backend. "auto" is a rule by backend:
+
+    - TPU and GPU: scanned, the accelerator layout. The programs stay flat in depth (size and compile
+      time), on a mesh each layer's weights are gathered inside the scan one layer at a time, and the
+      sampler carries one KV cache stacked over layers through it; unrolled, the memory plan needs
+      several times the scan's temporaries (bench/scale_plan.py).
+    - CPU: unrolled, the CPU layout. XLA:CPU runs the backward faster without the scan's stacked
+      residuals, and decodes faster from one cache buffer per layer, read where it lies, than from a
+      stack whose layer slice it copies out at every step.
+    - CPU, training and scoring (no cache) under remat (`remat` not "none"): scanned. Unrolled,
+      XLA:CPU keeps the activations that remat would free.
+    - The environment variable GRPO_JAX_LAYOUT=accelerator (`LAYOUT_ENV`): scanned on CPU as well, the
+      layout TPUs and GPUs run, e.g. to test it on CPU (tests/conftest.py sets it for the test
+      session and the processes it launches). Unset or empty, the rule above; any other value is
+      an error.
+
+    Measurements of both layouts: bench/README.md (`scan_layers`, `decode_depth`, `scale_plan`)."""
     if cfg.layer_loop != "auto":
         return cfg.layer_loop == "unrolled"
-    return jax.default_backend() == "cpu" and (cache or cfg.remat == "none")
+    layout = os.environ.get(LAYOUT_ENV, "")
+    if layout not in ("", "accelerator"):
+        raise ValueError(f"{LAYOUT_ENV}={layout!r} is not understood; use 'accelerator' or leave it unset")
+    if layout == "accelerator" or jax.default_backend() != "cpu":
+        return False
+    return cache or cfg.remat == "none"
 
 
 def _layer(stack, i: int):
