@@ -182,8 +182,15 @@ def _pack(mesh, mask_truncated: bool, minibatches: int, packed_rows: int, drawn:
 def _read_updates(updates: list[dict], learning_rates: list) -> tuple[dict, list[dict]]:
     """The plain values of an RL step's train metrics (its updates merged by their weights: counters add,
     means weigh by what they average over) and of each update's, with the learning rate each used; one
-    program (op by op on the host, `Metric`'s jnp calls compiled a small program each)."""
-    updates = [{**m, "learning_rate": metrics_lib.Metric.mean(lr)} for m, lr in zip(updates, learning_rates)]
+    program (op by op on the host, `Metric`'s jnp calls compiled a small program each).
+
+    `learning_rates[j]` is the schedule's rate after j of the step's updates were applied: an empty or
+    skipped update leaves the optimizer step (`TrainState.step`) where it was, so an update's rate is
+    picked here by the count of applied updates before it, which the host does not wait for."""
+    applied = [1 - m["skipped_updates"].value - m["empty_updates"].value for m in updates]
+    before = jnp.cumsum(jnp.stack([jnp.float32(0), *applied[:-1]])).astype(jnp.int32)
+    rates = jnp.stack(learning_rates)[before]
+    updates = [{**m, "learning_rate": metrics_lib.Metric.mean(rates[k])} for k, m in enumerate(updates)]
     return metrics_lib.finalize(metrics_lib.combine_all(updates)), [metrics_lib.finalize(m) for m in updates]
 
 
@@ -251,6 +258,11 @@ class Trainer:
         self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
         self.position = 0  # prompt batches consumed
         self.step = 0
+        # TrainState.step (the applied optimizer updates, which set the learning rate), counted on the host
+        # so that the updates of a step are dispatched back to back: advanced from the step's metrics, read
+        # from the device once after a restore
+        self.optimizer_step = 0
+        self._rates: dict[int, float] = {}  # optimizer step -> the schedule's rate, as logged
 
     @property
     def policy_params(self):
@@ -461,13 +473,16 @@ class Trainer:
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         t1 = time.perf_counter()
         batches = self.minibatches(batches)  # l^old: once, fixed for all mu passes
-        updates, learning_rates = [], []
+        n = self.cfg.algorithm.num_iterations * len(batches)
+        # the rate at every optimizer step that this step's updates can reach, read before they run
+        learning_rates = [self.learning_rate(self.optimizer_step + j) for j in range(n)]
+        updates = []
         for _ in range(self.cfg.algorithm.num_iterations):
-            for mb in batches:
-                learning_rates.append(float(self.schedule(int(self.state.step))))
+            for mb in batches:  # dispatched back to back: nothing is read from the device in between
                 self.state, m = self.update(self.state, self.ref_params, mb)
                 updates.append(m)
         step_metrics, updates = jax.device_get(_read_updates(updates, learning_rates))  # replicated: every process
+        self.optimizer_step += n - round(float(step_metrics["skipped_updates"]) + float(step_metrics["empty_updates"]))
         t2 = time.perf_counter()
         metrics.update({k: float(v) for k, v in step_metrics.items()})
         updates = [{k: float(v) for k, v in u.items()} for u in updates]
@@ -478,6 +493,12 @@ class Trainer:
         })
         self.step += 1
         return metrics, updates
+
+    def learning_rate(self, optimizer_step: int) -> float:
+        """The schedule's rate at an optimizer step, as the update metrics log it (computed on the host once)."""
+        if optimizer_step not in self._rates:
+            self._rates[optimizer_step] = float(self.schedule(optimizer_step))
+        return self._rates[optimizer_step]
 
     # -- evaluation --------------------------------------------------------------------------------
 
@@ -530,3 +551,4 @@ class Trainer:
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
         self.ref_params = state.get("ref", self.ref_params)
         self.step, self.position = meta["step"], meta["data_position"]
+        self.optimizer_step = int(self.state.step)  # the one read of it

@@ -12,10 +12,11 @@ import pytest
 import fault_rewards
 from grpo_jax import algorithms, checkpoint, data, models, run, trainer
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig
 from grpo_jax.data import CharTokenizer
 from grpo_jax.logging import read_events
-from grpo_jax.rewards import Reward, RewardConfig
+from grpo_jax.metrics import Metric
+from grpo_jax.rewards import Reward
 
 MODEL = models.ModelConfig(
     model_type="qwen3", vocab_size=CharTokenizer.vocab_size, hidden_size=32, intermediate_size=64,
@@ -102,7 +103,52 @@ def test_dynamic_sampling_drops_zero_variance_groups(tmp_path):
     assert metrics["groups/zero_variance_frac"] == 1.0
     # an all-padding batch is no update: counted as empty, summed over the step's 2 updates
     assert metrics["loss"] == 0 and metrics["empty_updates"] == 2 and int(t.state.skipped) == 0
-    assert (int(t.state.step), int(t.state.empty)) == (0, 2)
+    assert (int(t.state.step), int(t.state.empty)) == (0, 2) and t.optimizer_step == 0
+
+
+def test_the_updates_of_a_step_run_back_to_back_without_reading_the_device(tmp_path, monkeypatch):
+    """Issue 35.3: from a step's first update to the one read of their metrics, the host reads nothing
+    from the device (it read TrainState.step before every update, for the learning rate); the host's
+    count of optimizer updates is TrainState.step, and each update logs the rate at its step."""
+    cfg = config(tmp_path, "gspo")
+    t = trainer.Trainer(dataclasses.replace(cfg, optim=OptimConfig(learning_rate=3e-3, warmup_steps=3)))
+    array, in_loop, reads = type(t.state.step), [], []
+    value, update, read_updates = array._value, t.update, trainer._read_updates
+
+    def counted(self):  # every read of an array's value (int(), float(), np.asarray) goes through it
+        if in_loop:
+            reads.append(self.shape)
+        return value.fget(self)
+
+    def first_update_opens(*args):
+        if not in_loop:  # the transfer guard: on CPU it lets such reads pass, on accelerators it raises
+            in_loop.append(jax.transfer_guard_device_to_host("disallow"))
+            in_loop[0].__enter__()
+        return update(*args)
+
+    def read_closes(*args):
+        if in_loop:
+            in_loop.pop().__exit__(None, None, None)
+        return read_updates(*args)
+
+    monkeypatch.setattr(array, "_value", property(counted))
+    monkeypatch.setattr(t, "update", first_update_opens)
+    monkeypatch.setattr(trainer, "_read_updates", read_closes)
+    logged = [u["learning_rate"] for _ in range(2) for u in t.train_step()[1]]
+    monkeypatch.undo()
+    assert reads == []
+    assert t.optimizer_step == int(t.state.step) == 4
+    assert logged == [float(t.schedule(k)) for k in range(4)]  # warmup: 0, 1e-3, 2e-3, then 3e-3
+    np.testing.assert_allclose(logged, [0.0, 1e-3, 2e-3, 3e-3], rtol=1e-6)
+
+
+def test_each_update_logs_the_rate_of_the_updates_applied_before_it():
+    """An empty or skipped update leaves the optimizer step, hence the next update's rate, where it was."""
+    flags = [(0, 0), (0, 1), (1, 0), (0, 0)]  # (skipped, empty): applied, empty, skipped, applied
+    updates = [{"skipped_updates": Metric.sum(s), "empty_updates": Metric.sum(e)} for s, e in flags]
+    step, each = trainer._read_updates(updates, [0.0, 0.25, 0.5, 0.75])
+    assert [float(u["learning_rate"]) for u in each] == [0.0, 0.25, 0.25, 0.25]
+    assert float(step["learning_rate"]) == 0.1875 and float(step["empty_updates"]) == 1
 
 
 def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward(tmp_path, monkeypatch):
