@@ -24,7 +24,8 @@ import jax
 
 from bench import roofline, workload
 from bench.common import RESULTS
-from grpo_jax import config, host_memory, trainer
+from grpo_jax import host_memory, trainer
+from grpo_jax.config import override
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides as a run's --set takes them, e.g. model_options.layer_loop=scan")
     args = parser.parse_args()
-    t = trainer.Trainer(config.override(workload.config(args.config), args.set))
+    t = trainer.Trainer(override(workload.config(args.config), args.set))
     cfg = t.cfg  # with the model loaded from model_path
     load_start = roofline.load()
     peak = roofline.matmul_peak()

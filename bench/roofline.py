@@ -12,7 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.models import ModelConfig
+from grpo_jax.config import ModelConfig
 
 
 def matmul_peak(repeats: int = 10) -> float:

@@ -45,7 +45,7 @@ MESHES = {
 
 def model_configs():
     """The config.json fields of each model (Hugging Face model cards: huggingface.co/Qwen/<name>)."""
-    from grpo_jax.models import ModelConfig
+    from grpo_jax.config import ModelConfig
 
     qwen3 = dict(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
                  max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645)

@@ -55,9 +55,7 @@ def config(path: str | None = None, out_dir: str = "/tmp/grpo_jax_bench_run"):
     """The workload as a grpo_jax Config, or the Config of the experiments config file at `path`."""
     from grpo_jax import algorithms
     from grpo_jax.algorithms.losses import Gspo
-    from grpo_jax.config import Config, OptimConfig, SamplingConfig, TrainConfig
-    from grpo_jax.data import ArithmeticConfig
-    from grpo_jax.rewards import RewardConfig
+    from grpo_jax.config import ArithmeticConfig, Config, OptimConfig, RewardConfig, SamplingConfig, TrainConfig
     from grpo_jax.train import load_config
 
     if path:

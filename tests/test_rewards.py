@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax.rewards import REWARDS, RewardConfig, score
+from grpo_jax.config import RewardConfig
+from grpo_jax.rewards import REWARDS, score
 from grpo_jax.rewards import answers, functions, scoring
 
 

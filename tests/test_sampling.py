@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_jax.config import SamplingConfig
+from grpo_jax.config import ModelConfig, SamplingConfig
 from grpo_jax.sampling import decode, pad_prompts, row_keys, sample
 
 LOGITS = np.array([2.0, 1.5, 1.1, 0.6, 0.2, -0.3, -0.9, -1.6])  # distinct: cut-offs are unambiguous
@@ -185,7 +185,6 @@ def test_pad_prompts_left_pads():
 def test_ignore_eos_runs_every_row_to_max_new_tokens():
     """With ignore_eos the sampler checks no stop id (not eos, whatever the model declares): the fake
     model of the test above runs through its eos 9 to max_new_tokens in every row."""
-    from grpo_jax.models import ModelConfig
     from grpo_jax.sampling import check_prompts
 
     model = ModelConfig(model_type="qwen3", vocab_size=12, hidden_size=8, intermediate_size=8, num_layers=1,

@@ -13,9 +13,11 @@ the checkpoint's; prompts go through its chat template with an R1-style
 """
 
 from grpo_jax import algorithms
-from grpo_jax.config import Config, FileTaskConfig, MeshConfig, ModelOptions, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import (
+    Config, FileTaskConfig, MeshConfig, ModelOptions, OptimConfig, RewardConfig, SamplingConfig,
+    TrainConfig,
+)
 from grpo_jax.data import MATH_COT
-from grpo_jax.rewards import RewardConfig
 
 
 def get_config() -> Config:

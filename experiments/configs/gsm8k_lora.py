@@ -11,7 +11,7 @@ go to completions.jsonl.
 
 import dataclasses
 
-from grpo_jax.lora import LoraConfig
+from grpo_jax.config import LoraConfig
 
 from .gsm8k import get_config as gsm8k
 

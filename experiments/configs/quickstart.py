@@ -9,9 +9,8 @@ points over seeds 1-5 (greedy accuracy on 128 held-out prompts; a larger constan
 """
 
 from grpo_jax import algorithms, models
-from grpo_jax.config import Config, MeshConfig, OptimConfig, SamplingConfig, TrainConfig
-from grpo_jax.data import ArithmeticConfig, CharTokenizer
-from grpo_jax.rewards import RewardConfig
+from grpo_jax.config import ArithmeticConfig, Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig
+from grpo_jax.data import CharTokenizer
 
 
 def get_config() -> Config:

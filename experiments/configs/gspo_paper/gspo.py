@@ -41,10 +41,11 @@ assignment is an estimate of the TPU compiler's; no run on TPU was made.
 """
 
 from grpo_jax import algorithms
-from grpo_jax.config import Config, FileTaskConfig, MeshConfig, ModelOptions, OptimConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import (
+    Config, FileTaskConfig, MeshConfig, ModelConfig, ModelOptions, OptimConfig, RewardConfig, SamplingConfig,
+    TrainConfig,
+)
 from grpo_jax.data import MATH_COT
-from grpo_jax.models import ModelConfig
-from grpo_jax.rewards import RewardConfig
 
 # Qwen3-30B-A3B-Base's config.json (huggingface.co/Qwen/Qwen3-30B-A3B-Base): 48 layers, all MoE with
 # 128 experts of which 8 are routed per token (3.3B of 30.5B parameters active).
