@@ -11,8 +11,9 @@ import pytest
 
 import test_algorithms_losses as losses_tests
 import test_algorithms_properties as property_tests
-from grpo_jax.algorithms import LOSSES, PRESETS, AlgorithmConfig
+from grpo_jax.algorithms import LOSSES, PRESETS
 from grpo_jax.algorithms.presets_doc import presets_markdown
+from grpo_jax.config import AlgorithmConfig
 from grpo_jax.train import load_config
 
 ROOT = pathlib.Path(__file__).parents[1]

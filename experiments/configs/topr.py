@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.algorithms import AlgorithmConfig, LossParams, LossTerms, loss, preset
-from grpo_jax.config import Config
+from grpo_jax.algorithms import LossParams, LossTerms, loss, preset
+from grpo_jax.config import AlgorithmConfig, Config
 
 from .quickstart import get_config as quickstart
 
