@@ -94,27 +94,19 @@ def test_optimizer_state_follows_param_shardings(params):
     assert placed[0].mu["embed"].sharding.spec == P("tensor", "fsdp")
 
 
-@pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
-def test_cache_shardings_and_sharded_extend(params, layer_loop):
-    """The KV cache's shardings in both layouts: stacked over layers under the scan (layers unsplit),
-    one buffer per layer unrolled; rows over data and fsdp, kv heads over tensor."""
-    cfg = dataclasses.replace(CFG, layer_loop=layer_loop)
+def test_cache_shardings_and_sharded_extend(params):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
-    s = models.cache_shardings(cfg, mesh, batch=4, max_len=8)
-    rows = P(("data", "fsdp"), "tensor", None, None)
-    if layer_loop == "scan":
-        assert s["k"].spec == s["v"].spec == P(None, *rows)
-    else:
-        assert len(s["k"]) == len(s["v"]) == CFG.num_layers
-        assert s["k"][0].spec == s["v"][-1].spec == rows
+    s = models.cache_shardings(CFG, mesh, batch=4, max_len=8)
+    assert len(s["k"]) == len(s["v"]) == CFG.num_layers
+    assert s["k"][0].spec == s["v"][-1].spec == P(("data", "fsdp"), "tensor", None, None)
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
-    cache = jax.device_put(models.init_cache(cfg, 4, 8), s)
+    cache = jax.device_put(models.init_cache(CFG, 4, 8), s)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
     seg = np.ones_like(tokens)
     pos = np.broadcast_to(np.arange(3), (4, 3))
     extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
-    h, cache, _ = extend(cfg, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
-    assert jax.tree.map(lambda a: a.sharding.spec, cache) == jax.tree.map(lambda t: t.spec, s)
+    h, cache, _ = extend(CFG, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
+    assert cache["k"][1].sharding.spec == s["k"][1].spec
     np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
 
 
