@@ -94,19 +94,27 @@ def test_optimizer_state_follows_param_shardings(params):
     assert placed[0].mu["embed"].sharding.spec == P("tensor", "fsdp")
 
 
-def test_cache_shardings_and_sharded_extend(params):
+@pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
+def test_cache_shardings_and_sharded_extend(params, layer_loop):
+    """The KV cache's shardings in both layouts: stacked over layers under the scan (layers unsplit),
+    one buffer per layer unrolled; rows over data and fsdp, kv heads over tensor."""
+    cfg = dataclasses.replace(CFG, layer_loop=layer_loop)
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
-    s = models.cache_shardings(CFG, mesh, batch=4, max_len=8)
-    assert len(s["k"]) == len(s["v"]) == CFG.num_layers
-    assert s["k"][0].spec == s["v"][-1].spec == P(("data", "fsdp"), "tensor", None, None)
+    s = models.cache_shardings(cfg, mesh, batch=4, max_len=8)
+    rows = P(("data", "fsdp"), "tensor", None, None)
+    if layer_loop == "scan":
+        assert s["k"].spec == s["v"].spec == P(None, *rows)
+    else:
+        assert len(s["k"]) == len(s["v"]) == CFG.num_layers
+        assert s["k"][0].spec == s["v"][-1].spec == rows
     assert s["segment_ids"].spec == P(("data", "fsdp"), None)
-    cache = jax.device_put(models.init_cache(CFG, 4, 8), s)
+    cache = jax.device_put(models.init_cache(cfg, 4, 8), s)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
     seg = np.ones_like(tokens)
     pos = np.broadcast_to(np.arange(3), (4, 3))
     extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
-    h, cache, _ = extend(CFG, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
-    assert cache["k"][1].sharding.spec == s["k"][1].spec
+    h, cache, _ = extend(cfg, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
+    assert jax.tree.map(lambda a: a.sharding.spec, cache) == jax.tree.map(lambda t: t.spec, s)
     np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
 
 
@@ -281,12 +289,17 @@ def test_sharding_imports_neither_the_models_nor_the_run_config():
     code = "import sys, grpo_jax.sharding; print(sorted(m for m in sys.modules if m.startswith('grpo_jax')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['grpo_jax',", "'grpo_jax.sharding']"]
+    def imports_sharding(n) -> bool:  # import grpo_jax.sharding / from grpo_jax(.sharding) import ...
+        if isinstance(n, ast.Import):
+            return any(a.name == "grpo_jax.sharding" for a in n.names)
+        return isinstance(n, ast.ImportFrom) and (n.module == "grpo_jax.sharding" or (
+            n.module == "grpo_jax" and any(a.name == "sharding" for a in n.names)))
+
     late = []
     for path in pathlib.Path(sharding.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                late += [f"{path.name}:{n.lineno}" for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))
-                         and "sharding" in ast.unparse(n)]
+                late += [f"{path.name}:{n.lineno}" for n in ast.walk(node) if imports_sharding(n)]
     assert late == []
 
 
