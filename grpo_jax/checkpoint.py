@@ -8,9 +8,12 @@ that arrays land directly with their shardings on the current mesh.
 
 A save is complete once the SHA-256 of every file orbax wrote is in `<step>/checksums.json`; only
 then are checkpoints beyond the newest `keep` deleted, so a kill at any moment leaves the previous
-complete one. `latest_intact` walks back from the newest: one without checksums (its save was cut
-short) is deleted, one whose files no longer match (a flipped bit, a truncated or missing file) is
-renamed `<step>.damaged` with a warning, and the next older one is tried.
+complete one. `latest_intact` walks back from the newest: one whose files no longer match (a flipped
+bit, a truncated or missing file) is renamed `<step>.damaged` with a warning, and the next older one
+is tried. Nothing is ever deleted that cannot be proven an unfinished save: orbax renames a save into
+`<step>/` only once it is whole (a save cut short leaves only its temporary directory, which orbax
+removes), so a step without checksums was finished, by a grpo_jax that wrote none yet or by a save
+stopped before its checksums: it is checksummed then and used.
 
 Over several processes every process saves and restores its shards of the global arrays (orbax);
 process 0 writes the checksums and judges which checkpoint is intact, for all.
@@ -73,13 +76,16 @@ class Checkpointer:
         )
         self.manager.wait_until_finished()
         if jax.process_index() == 0:
-            path = self.directory / str(step)
-            tmp = path / (CHECKSUMS + ".tmp")
-            tmp.write_text(json.dumps(_digests(path), indent=0))
-            os.replace(tmp, path / CHECKSUMS)  # atomic: the checkpoint is complete from here on
+            self._write_checksums(step)
         for old in self.all_steps()[: -self.keep]:  # on every process: orbax deletes behind a barrier
             self.manager.delete(old)
         return True
+
+    def _write_checksums(self, step: int) -> None:
+        path = self.directory / str(step)
+        tmp = path / (CHECKSUMS + ".tmp")
+        tmp.write_text(json.dumps(_digests(path), indent=0))
+        os.replace(tmp, path / CHECKSUMS)  # atomic: the checkpoint is complete from here on
 
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -89,8 +95,6 @@ class Checkpointer:
         path = self.directory / str(step)
         try:
             expected = json.loads((path / CHECKSUMS).read_text())
-        except FileNotFoundError:
-            return "incomplete"
         except ValueError:
             return f"{CHECKSUMS} is unreadable"
         actual = _digests(path)
@@ -123,17 +127,19 @@ class Checkpointer:
         """`latest_intact`'s work, on process 0: (the step, or None), or (None, what damaged them all)."""
         problems = {}
         for step in reversed(self.all_steps()):
+            if not (self.directory / str(step) / CHECKSUMS).exists():
+                log.warning("checkpoint step %d in %s has no %s (saved by an older grpo_jax, or stopped before its "
+                            "checksums): orbax finished it, so it is whole; checksumming it now", step,
+                            self.directory, CHECKSUMS)
+                self._write_checksums(step)
             problems[step] = self.problem(step)
             if problems[step] is None:
                 break
-        damaged = {s: p for s, p in problems.items() if p not in (None, "incomplete")}
+        damaged = {s: p for s, p in problems.items() if p is not None}
         if damaged and None not in problems.values():
             return None, "; ".join(f"step {s}: {p}" for s, p in damaged.items())
         for step, why in problems.items():
-            if why == "incomplete":
-                log.warning("checkpoint step %d in %s was not completed (no %s): deleting it", step, self.directory, CHECKSUMS)
-                shutil.rmtree(self.directory / str(step))
-            elif why is not None:
+            if why is not None:
                 target = self.directory / f"{step}.damaged"
                 log.warning("checkpoint step %d in %s is damaged (%s): falling back to an older one; "
                             "moved to %s", step, self.directory, why, target)

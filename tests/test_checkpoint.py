@@ -36,25 +36,31 @@ def test_restore_is_exact_and_sharded(tmp_path):
     assert restored["w"].sharding == sharding
 
 
-def test_latest_intact_skips_damage_and_unfinished_saves(tmp_path, caplog):
-    ckpt = Checkpointer(tmp_path, every=1, keep=3)
-    for step in (1, 2, 3):
-        ckpt.save(step, _state(step), {"position": step})
-    assert ckpt.latest_intact() == 3
-    # Step 3's save was cut short before its checksums; a bit of step 2's array data flipped.
-    (tmp_path / "3" / "checksums.json").unlink()
-    data = max((p for p in (tmp_path / "2" / "state").rglob("*") if p.parent.name == "d"), key=lambda p: p.stat().st_size)
+def _flip_a_bit(step_dir):
+    data = max((p for p in (step_dir / "state").rglob("*") if p.parent.name == "d"), key=lambda p: p.stat().st_size)
     raw = bytearray(data.read_bytes())
     raw[-20] ^= 0x10
     data.write_bytes(bytes(raw))
-    assert ckpt.latest_intact() == 1
-    assert "step 3" in caplog.text and "was not completed" in caplog.text
-    assert "step 2" in caplog.text and "does not match its checksum" in caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2.damaged"]
-    restored, meta = ckpt.restore(_state(0), 1)
-    assert meta == {"position": 1} and float(restored["w"][0, 0]) == 1.0
-    assert ckpt.save(2, _state(2), {"position": 2})  # the run goes on past the damaged step
-    assert ckpt.latest_intact() == 2
+
+
+def test_latest_intact_skips_damage_and_keeps_checkpoints_without_checksums(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, every=1, keep=4)
+    for step in (1, 2, 3, 4):
+        ckpt.save(step, _state(step), {"position": step})
+    assert ckpt.latest_intact() == 4
+    # Steps 4 and 3 have no checksums (an older grpo_jax wrote none, or a save stopped between orbax's
+    # rename and its checksums): orbax finished them, so they are whole, kept and checksummed.
+    (tmp_path / "4" / "checksums.json").unlink()
+    (tmp_path / "3" / "checksums.json").unlink()
+    assert ckpt.latest_intact() == 4 and (tmp_path / "4" / "checksums.json").exists()
+    assert "step 4" in caplog.text and "no checksums.json" in caplog.text
+    # A bit of step 4's array data flipped: set aside; step 3 is checksummed and taken.
+    _flip_a_bit(tmp_path / "4")
+    assert ckpt.latest_intact() == 3 and (tmp_path / "3" / "checksums.json").exists()
+    assert "step 4" in caplog.text and "does not match its checksum" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3", "4.damaged"]
+    restored, meta = ckpt.restore(_state(0), 3)
+    assert meta == {"position": 3} and float(restored["w"][0, 0]) == 3.0
 
 
 def test_a_save_cut_short_leaves_no_temporary_directory_behind(tmp_path):

@@ -171,26 +171,42 @@ def test_set_changes_fields_that_must_agree_together(tmp_path):
     assert cfg.reward.names == ("exact", "length") and cfg.reward.weights == (1.0, 0.5)
 
 
-@pytest.mark.parametrize("damage", ["flipped bit", "missing file", "truncated file", "unfinished save"])
+@pytest.mark.parametrize("damage", ["flipped bit", "missing file", "truncated file"])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(damage, tmp_path, caplog):
     """Through the CLI: the run (train.steps=1, so resuming from step 1 is already complete) warns and
-    uses step 1; a damaged step 2 is kept aside as `2.damaged`, an unfinished one deleted."""
+    uses step 1; the damaged step 2 is kept aside as `2.damaged`."""
     out = saved_run(tmp_path)
     step2 = out / "checkpoints" / "2"
     if damage == "flipped bit":
         flip_a_bit(out, 2)
     elif damage == "missing file":
         (step2 / "_CHECKPOINT_METADATA").unlink()
-    elif damage == "truncated file":
+    else:
         (step2 / "meta" / "metadata").write_text("{")
-    else:  # killed after orbax finished, before the checksums were written
-        (step2 / checkpoint.CHECKSUMS).unlink()
     with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
         main(argv(out, "train.steps=1"))
-    expected = "was not completed" if damage == "unfinished save" else "is damaged .*falling back to an older one"
-    assert any(re.search(expected, r.getMessage()) for r in caplog.records), caplog.text
-    left = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert left == (["1"] if damage == "unfinished save" else ["1", "2.damaged"])
+    assert any(re.search("is damaged .*falling back to an older one", r.getMessage()) for r in caplog.records), caplog.text
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["1", "2.damaged"]
+
+
+def test_a_checkpoint_in_an_older_format_resumes(tmp_path, caplog):
+    """Step 2 as a grpo_jax of before 2026-11-27 wrote it: no checksums.json (they came later) and the
+    config's algorithm fields flat (tests/fixtures: the gspo preset's, as then stored). The run resumes
+    from it and goes on to step 3."""
+    out = saved_run(tmp_path)
+    step2 = out / "checkpoints" / "2"
+    (step2 / checkpoint.CHECKSUMS).unlink()
+    meta = json.loads((step2 / "meta" / "metadata").read_text())
+    fixture = json.loads((ROOT / "tests" / "fixtures" / "algorithm_configs_before_params.json").read_text())
+    old = {**fixture["grpo"], **fixture["others"]["gspo"]}
+    meta["config"] = {**{k: v for k, v in meta["config"].items() if not k.startswith("algorithm.")}, **old}
+    (step2 / "meta" / "metadata").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="grpo_jax.checkpoint"):
+        main(argv(out, "train.steps=3"))
+    assert "no checksums.json" in caplog.text
+    steps = [r["step"] for r in run_logging.read_rows(out / "metrics.jsonl")]
+    assert steps[-1] == 3 and 1 not in steps  # went on from step 2, not from scratch
+    assert "3" in {p.name for p in (out / "checkpoints").iterdir()}
 
 
 # -- logs ----------------------------------------------------------------------------------------------
