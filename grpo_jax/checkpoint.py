@@ -35,6 +35,7 @@ from jax.experimental import multihost_utils
 from grpo_jax import models, sharding
 
 CHECKSUMS = "checksums.json"
+NO_CHECKSUMS = f"no {CHECKSUMS}"  # whole (orbax finished it), not yet checksummed: `latest_intact` checksums it
 log = logging.getLogger(__name__)
 
 
@@ -95,6 +96,8 @@ class Checkpointer:
         path = self.directory / str(step)
         try:
             expected = json.loads((path / CHECKSUMS).read_text())
+        except FileNotFoundError:
+            return NO_CHECKSUMS
         except ValueError:
             return f"{CHECKSUMS} is unreadable"
         actual = _digests(path)
