@@ -130,15 +130,15 @@ def check(cfg: Config) -> None:
             f"groups, but train.prompts_per_step={tr.prompts_per_step} groups do not split into train.minibatches="
             f"{tr.minibatches} x train.micro_batches={tr.micro_batches} = {slices} slices; choose divisors"
         )
-    if not algorithms.LOSSES[alg.loss].ratio and tr.minibatches > 1:
+    if not alg.loss.spec.ratio and tr.minibatches > 1:
         raise ValueError(
-            f"algorithm.loss={alg.loss!r} has no importance ratio, so minibatches 2..{tr.minibatches} of a "
+            f"algorithm.loss={alg.loss.name!r} has no importance ratio, so minibatches 2..{tr.minibatches} of a "
             "rollout batch would train on samples of an older policy without correction; use "
             "train.minibatches=1 (and grow train.micro_batches for memory) or a ratio loss (e.g. ppo_clip)."
         )
-    if algorithms.LOSSES[alg.loss].needs_groups and tr.prompts_per_step % tr.minibatches:
+    if alg.loss.spec.needs_groups and tr.prompts_per_step % tr.minibatches:
         raise ValueError(
-            f"algorithm.loss={alg.loss!r} compares the completions of a group, but train.prompts_per_step="
+            f"algorithm.loss={alg.loss.name!r} compares the completions of a group, but train.prompts_per_step="
             f"{tr.prompts_per_step} prompts do not split into train.minibatches={tr.minibatches} minibatches of "
             "whole groups; choose a divisor."
         )

@@ -49,7 +49,7 @@ def config(tmp_path, preset="gspo", **train) -> Config:
 @pytest.mark.parametrize("preset", sorted(algorithms.PRESETS))
 def test_every_preset_runs_two_steps(preset, tmp_path):
     # Losses without an importance ratio run one update per rollout batch (2 minibatches are refused).
-    minibatches = 2 if algorithms.LOSSES[algorithms.PRESETS[preset].get("loss", "ppo_clip")].ratio else 1
+    minibatches = 2 if algorithms.AlgorithmConfig.from_preset(preset).loss.spec.ratio else 1
     t = trainer.Trainer(config(tmp_path, preset, minibatches=minibatches))
     for _ in range(2):
         metrics, updates = t.train_step()
@@ -405,7 +405,7 @@ def test_own_examples_and_reward_in_code_train_and_log_their_completions(own_dat
     for i in range(0, len(records), g):  # the logged advantages are the group-standardized weighted rewards
         group = records[i:i + g]
         total = np.array([r["rewards"]["sum"] + 0.5 * r["rewards"]["length"] for r in group], np.float64)
-        want = (total - total.mean()) / (total.std(ddof=1) + cfg.algorithm.adv_eps) if np.ptp(total) else 0 * total
+        want = (total - total.mean()) / (total.std(ddof=1) + cfg.algorithm.advantage.eps) if np.ptp(total) else 0 * total
         np.testing.assert_allclose([r["advantage"] for r in group], want, rtol=1e-5, atol=1e-6)
     assert result["last_eval"] is not None and "eval/pass@4" in result["last_eval"]
 
