@@ -426,7 +426,8 @@ def layers_unrolled(cfg: ModelConfig, cache: bool = True) -> bool:
     - The environment variable GRPO_JAX_LAYOUT=accelerator (`LAYOUT_ENV`): scanned on CPU as well, the
       layout TPUs and GPUs run, e.g. to test it on CPU (tests/conftest.py sets it for the test
       session and the processes it launches). Unset or empty, the rule above; any other value is
-      an error.
+      an error. It is read when a program is traced: set it before the process traces any (jitted
+      functions cache their programs by config, not by this variable).
 
     Measurements of both layouts: bench/README.md (`scan_layers`, `decode_depth`, `scale_plan`)."""
     if cfg.layer_loop != "auto":
