@@ -335,3 +335,17 @@ def test_user_errors_before_compiling(unchecked):
         normalizer(cfg, x["mask"], 0)
     # beta = 0 needs no reference log-probs at all
     policy_loss(gspo, x["logp"], x["old_logp"], x["advantages"], x["mask"], normalizer=nz)
+
+
+@pytest.mark.parametrize("ratio, tokens, want", [(0.29, 100, 29), (0.1, 1000, 100), (0.57, 1000, 570),
+                                                 (0.01, 50, 1), (0.333, 999, 332)])
+def test_covariance_selections_count_whole_products_exactly(ratio, tokens, want):
+    """floor(ratio N) with ratio N a whole number picks that many tokens, where float32 (0.29 x 100 =
+    29.000001) and float64 (28.999999999999996) round it to either side; the reference agrees."""
+    rng = np.random.default_rng(0)
+    mask = np.zeros((10, 100), np.float32)
+    mask.reshape(-1)[:tokens] = 1
+    logp, adv = -rng.random(mask.shape).astype(np.float32), rng.normal(size=10).astype(np.float32)
+    cfg = AlgorithmConfig(loss=losses.KlCov(ratio=ratio), aggregation="token_mean", beta=0.0)
+    stats = step_stats(cfg, logp, logp, adv, mask, np.ones_like(mask), np.zeros(mask.shape, np.int32))
+    assert int(np.asarray(stats.loss["select"]).sum()) == want == reference.step.count(ratio, tokens)

@@ -156,7 +156,7 @@ def test_configs_saved_before_the_variants_owned_their_parameters_resume():
     now = {name: AlgorithmConfig.from_preset(name) for name in PRESETS}
     now["grpo(eps_high=0.27, delta=3.0, ratio_impl=reference)"] = AlgorithmConfig.from_preset(
         "grpo", loss=losses.PpoClip(eps_high=0.27, delta=3.0, ratio_impl="reference"))
-    now |= {"clip_cov": AlgorithmConfig(loss=losses.ClipCov(ratio=0.01)), "kl_cov": AlgorithmConfig(loss="kl_cov"),
+    now |= {"clip_cov": AlgorithmConfig(loss=losses.ClipCov(ratio=0.01)), "kl_cov": AlgorithmConfig(loss=losses.KlCov(coef=1.0)),
             "beta_norm": AlgorithmConfig(advantage="beta_norm")}
     assert old.keys() == now.keys()
     for name, saved in old.items():

@@ -9,6 +9,7 @@ under micro-batching and sharding, where verl takes it per micro-batch).
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.algorithms import reference
 from grpo_jax.algorithms.losses.base import CLIP_TEST, Clip, LossParams, LossTerms, loss, surrogate
@@ -21,9 +22,28 @@ def _covariance(logp, adv, mask):
     return (adv - (adv * mask).sum() / n) * (logp - (logp * mask).sum() / n)
 
 
-def _count(fraction, mask):
-    """max(floor(fraction * counted tokens), 1) (the relative slack absorbs float32 rounding)."""
-    return jnp.maximum(jnp.floor(fraction * mask.sum() * (1 + 1e-6)), 1.0)
+def _count(fraction: float, mask):
+    """max(floor(fraction * N), 1) for N counted tokens, a product within a relative 1e-9 of a whole
+    number being that number (0.29 * 100 is 29, where float64's int(0.29 * 100) is 28).
+
+    float32 rounds both the fraction and f * N, which can carry the product across a whole number.
+    So the product is kept as p + e: p = fl(f * N), e its exact rounding error (Dekker's two-product:
+    f and N each split into 12-bit halves, every partial product exact) plus the fraction's float32
+    residue times N."""
+    f = np.float32(fraction)
+    rest = np.float32(fraction - float(f))  # the fraction's residue beyond float32
+    f_high = np.float32(np.float32(4097.0) * f - (np.float32(4097.0) * f - f))  # Veltkamp split of f
+    f_low = np.float32(f - f_high)
+    n = mask.sum()
+    n_high = jnp.floor(n / 4096) * 4096
+    n_low = n - n_high
+    p = f * n
+    e = (((f_high * n_high - p) + f_high * n_low + f_low * n_high) + f_low * n_low) + rest * n
+    whole = jnp.round(p)
+    k = jnp.floor(p)
+    k = k + ((p - (k + 1)) + e >= 0) - ((p - k) + e < 0)
+    k = jnp.where(jnp.abs((p - whole) + e) <= 1e-9 * jnp.maximum(whole, 1.0), whole, k)
+    return jnp.maximum(k, 1.0)
 
 
 def _first(key, eligible, n):
@@ -50,10 +70,11 @@ class ClipCov(Clip):
 
 @dataclasses.dataclass(frozen=True)
 class KlCov(LossParams):
-    """The fraction `ratio` of counted tokens it penalizes and the coefficient `coef` of their |D|."""
+    """The fraction `ratio` of counted tokens it penalizes and the coefficient `coef` of their |D|
+    (verl's PolicyLossConfig defaults, 2e-4 and 0.1; the paper's example scripts set coef 1)."""
 
     ratio: float = 2e-4
-    coef: float = 1.0
+    coef: float = 0.1
 
     def __post_init__(self):
         self.check({"ratio": (0 < self.ratio <= 1, "is a fraction of the counted tokens, in (0, 1]"),

@@ -17,6 +17,13 @@ def _covariance(logp, adv, counted):
     return (adv - adv[counted].mean()) * (logp - logp[counted].mean())
 
 
+def count(ratio, n):
+    """max(floor(ratio n), 1), a product within a relative 1e-9 of a whole number being that number."""
+    x = ratio * int(n)
+    whole = round(x)
+    return max(whole if abs(x - whole) <= 1e-9 * max(whole, 1) else math.floor(x), 1)
+
+
 def clip_cov_select(cfg, s):
     """Clip-Cov: a random max(int(r N), 1) of the unclipped counted tokens with lb < cov < ub."""
     counted = s.mask > 0
@@ -28,7 +35,7 @@ def clip_cov_select(cfg, s):
     ratio = exp_clamped(s.logp - s.old_logp)
     clipped = ((adv < 0) & (ratio < 1 - cfg.eps_low)) | ((adv > 0) & (ratio > 1 + cfg.eps_high))
     candidates = counted & ~clipped & (cov > cfg.lb) & (cov < cfg.ub)
-    n = max(int(cfg.ratio * counted.sum()), 1)
+    n = count(cfg.ratio, counted.sum())
     for _, (i, t) in sorted(zip(s.priority[candidates], zip(*np.nonzero(candidates))))[:n]:
         out[i, t] = 1.0
     return {"select": out}
@@ -40,7 +47,7 @@ def kl_cov_select(cfg, s):
     out = np.zeros(s.mask.size)
     if counted.any():
         cov = np.where(counted, _covariance(s.logp, s.advantages, counted), -np.inf).reshape(-1)
-        out[np.argsort(-cov, kind="stable")[:max(int(cfg.ratio * counted.sum()), 1)]] = 1.0
+        out[np.argsort(-cov, kind="stable")[:count(cfg.ratio, counted.sum())]] = 1.0
     return {"select": out.reshape(s.mask.shape) * counted}
 
 
