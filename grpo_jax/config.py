@@ -139,7 +139,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     export_hf: bool = False  # write the final policy to out_dir/hf as safetensors
     # Stop (unsaved, the last checkpoint kept) once this many steps' worth of consecutive updates
-    # (x algorithm.num_iterations x minibatches) were skipped as non-finite: such a run learns nothing.
+    # (x algorithm.num_iterations x minibatches) were skipped as non-finite, or this many steps in a row
+    # applied no update or had every reward call fail: such a run learns nothing (grpo_jax.run).
     max_skipped_steps: int = 3
     # JAX's persistent compilation cache (grpo_jax.run.use_compilation_cache; "~" expanded): a rerun or
     # resume of the same shapes loads its compiled programs instead of compiling them (bench/README.md:

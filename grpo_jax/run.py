@@ -13,7 +13,8 @@ ever saved:
   trajectory (`config.RESUMABLE` lists the fields that may change) and drops the log rows past it.
 - A run whose checkpoint is at `train.steps` is complete: rerunning it says so and stops.
 - `train.max_skipped_steps` steps' worth of consecutive skipped (non-finite) updates stop the run,
-  unsaved, with the cause and the step.
+  unsaved, with the cause and the step; so do as many steps in a row that applied no update or whose
+  every reward call failed: such a run learns nothing, and never ends as if it had.
 """
 
 import pathlib
@@ -86,6 +87,33 @@ class SkipWatch:
         return (f"step {step}: the last {self.streak} updates were all skipped (non-finite {self.cause}); "
                 "stopping, unsaved. Lower optim.learning_rate or check the rewards, then resume from the "
                 "last checkpoint")
+
+
+class IdleWatch:
+    """Counts the steps in a row that cannot have taught the policy anything: no update was applied
+    (every update empty or skipped), or every reward call failed (their scores are not rewards, whatever
+    `reward.on_failure` does with them). `observe` says why the run must stop, or None."""
+
+    def __init__(self, limit: int):
+        self.limit, self.streak = limit, 0
+
+    def observe(self, step: int, metrics: dict, updates: list[dict]) -> str | None:
+        rewards_failed = metrics.get("reward/failed_frac", 0.0) == 1.0
+        applied = any(not (u["skipped_updates"] or u["empty_updates"]) for u in updates)
+        self.streak = self.streak + 1 if rewards_failed or not applied else 0
+        if self.streak < self.limit:
+            return None
+        if rewards_failed:
+            why = ("every reward call failed (the warnings above give each reward's first error); fix the reward "
+                   "functions")
+        elif not metrics.get("groups/kept", 1):
+            why = ("no group was kept for an update (their reward calls failed, so reward.on_failure='drop_group' "
+                   "dropped them, or dynamic sampling found no group whose rewards differ)")
+        else:
+            why = ("every completion's tokens were masked (e.g. algorithm.mask_truncated with every completion "
+                   "truncated: raise sampling.max_new_tokens)")
+        return (f"step {step}: the last {self.streak} steps applied no update that could teach the policy: {why}; "
+                f"stopping, unsaved (train.max_skipped_steps={self.limit}), then resume from the last checkpoint")
 
 
 def _evals(row: dict | None) -> dict | None:
@@ -162,7 +190,7 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
     first = _evals(logger.history[0]) if logger.history else None
     last = None
     updates_per_step = t.cfg.algorithm.num_iterations * tr.minibatches
-    skips = SkipWatch(tr.max_skipped_steps * updates_per_step)
+    skips, idle = SkipWatch(tr.max_skipped_steps * updates_per_step), IdleWatch(tr.max_skipped_steps)
     with Interrupts() as interrupts:
         try:
             if t.step == 0 and not logger.history and t.task.held_out is not None:
@@ -178,7 +206,7 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
                 if tr.log_completions_every and t.step % tr.log_completions_every == 0:
                     logger.log_completions(t.step, t.completion_records())
                 logger.log(t.step, metrics, t.rollout_histograms())
-                stop = skips.observe(t.step, updates)
+                stop = skips.observe(t.step, updates) or idle.observe(t.step, metrics, updates)
                 if stop:
                     raise RuntimeError(stop)
                 t.save(ckpt)

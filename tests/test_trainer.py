@@ -476,3 +476,38 @@ def test_examples_and_rewards_in_code_are_checked_before_compiling(tmp_path):
         trainer.build_task(workers, examples=SUMS, reward_fns={"sum": lambda p, c, e, **_: 0.0})
     task = trainer.build_task(workers, examples=SUMS, reward_fns={"sum": exact_sum})  # module-level: a worker imports it
     assert task.held_out is None and task.train is SUMS and not task.rewards[0].correctness
+
+
+def broken_grader(prompt, completion, example, **_):
+    raise ConnectionError("the grader is down")
+
+
+def test_a_run_whose_every_reward_call_fails_stops_with_the_cause(tmp_path, caplog):
+    """Every call raises: every group is dropped (reward.on_failure='drop_group'), no update is applied,
+    and after train.max_skipped_steps such steps the run stops, unsaved, naming the cause; it used to
+    run to its end and exit 0 having learned nothing."""
+    cfg = own_data_config(tmp_path / "run")
+    cfg = dataclasses.replace(cfg, reward=RewardConfig(names=("sum",), weights=(1.0,), num_workers=0),
+                              train=dataclasses.replace(cfg.train, steps=5, max_skipped_steps=2, checkpoint_every=5))
+    with pytest.raises(RuntimeError, match=r"step 2: the last 2 steps applied no update that could teach the policy: "
+                                           r"every reward call failed"):
+        run.train(cfg, examples=SUMS, held_out=SUMS[:4], rewards={"sum": Reward(broken_grader)})
+    assert "the grader is down" in caplog.text
+    assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 1, 1).all_steps() == []
+
+
+def test_idle_watch_names_why_no_update_taught_anything():
+    def update(skipped=0, empty=0):
+        return {"skipped_updates": skipped, "empty_updates": empty}
+
+    good, empty = [update(), update(empty=1)], [update(empty=1), update(empty=1)]
+    watch = run.IdleWatch(limit=2)  # on_failure='zero': updates apply, but every score is a failure's 0
+    assert watch.observe(1, {"reward/failed_frac": 1.0}, good) is None
+    assert "every reward call failed" in watch.observe(2, {"reward/failed_frac": 1.0}, good)
+    watch = run.IdleWatch(limit=2)
+    assert watch.observe(1, {"reward/failed_frac": 0.5, "groups/kept": 0.0}, empty) is None
+    assert watch.observe(2, {"reward/failed_frac": 0.0, "groups/kept": 2.0}, good) is None  # an update reset it
+    assert watch.observe(3, {"reward/failed_frac": 0.5, "groups/kept": 0.0}, empty) is None
+    assert "no group was kept" in watch.observe(4, {"reward/failed_frac": 0.5, "groups/kept": 0.0}, empty)
+    watch = run.IdleWatch(limit=1)
+    assert "every completion's tokens were masked" in watch.observe(1, {"groups/kept": 2.0}, empty)

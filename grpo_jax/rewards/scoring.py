@@ -322,6 +322,7 @@ def summarize(
     for code, kind in enumerate(FAILURES, 1):
         metrics[f"reward/{kind}s"] = float((status == code).sum())
     metrics["reward/total_mean"] = float((rewards @ np.asarray(weights, np.float32)).mean()) if n else 0.0
+    metrics["reward/failed_frac"] = float((status != 0).mean()) if status.size else 0.0  # of all calls
     return metrics
 
 
