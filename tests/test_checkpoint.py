@@ -85,3 +85,23 @@ def test_latest_intact_refuses_when_every_checkpoint_is_damaged(tmp_path):
     (tmp_path / "1" / "meta" / "metadata").write_text('{"position": 7}')  # edited by hand
     with pytest.raises(RuntimeError, match=r"every checkpoint in .* is damaged \(step 1: meta/metadata does not match"):
         ckpt.latest_intact()
+
+
+def test_nonfinite_weights_are_refused_at_load_naming_file_and_tensor(tmp_path):
+    """A NaN in model.safetensors used to load silently; the run then stopped on non-finite updates
+    and blamed the learning rate or the rewards."""
+    import pytest
+    from safetensors.numpy import load_file, save_file
+
+    from grpo_jax import models
+
+    cfg = models.ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=16, intermediate_size=32,
+                             num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+    models.save_hf(cfg, models.init(cfg, jax.random.key(0)), tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name][3, 5] = np.nan
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=rf"model.safetensors: tensor {name} holds 1 non-finite value\(s\) \(NaN or "
+                                         "inf\\): the checkpoint is damaged"):
+        models.load_hf(tmp_path)

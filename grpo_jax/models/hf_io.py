@@ -200,8 +200,16 @@ def _load_leaf(tensors, leaf: _Leaf, sharding, dtype) -> jax.Array:
     stacked = _stacked(leaf.path)
     blocks: dict[tuple[int, int], np.ndarray] = {}  # one read per distinct layer range
 
+    def read(name):
+        w = np.asarray(_read(tensors, name), np.float32)
+        bad = w.size - np.isfinite(w).sum()
+        if bad:
+            raise ValueError(f"{tensors[name][0]}: tensor {name} holds {bad} non-finite value(s) (NaN or inf): the "
+                             "checkpoint is damaged, or was saved from a run that diverged; load a finite one")
+        return leaf.to_ours(w)
+
     def layer(row):
-        ws = [leaf.to_ours(np.asarray(_read(tensors, n), np.float32)) for n in row]
+        ws = [read(n) for n in row]
         return np.stack(ws) if leaf.experts else ws[0]
 
     def callback(index):
