@@ -15,9 +15,16 @@ class Registry(dict, Generic[T]):
     """name -> entry. Registering a taken name is an error (a fork that shadows a variant by accident
     would silently change every run that names it); an unknown name is an error listing the known."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, entry: type | None = None, how: str = ""):
+        """`entry`: the type every entry must have (checked however it is set); `how`: the way to make one."""
         super().__init__()
-        self.kind = kind
+        self.kind, self.entry, self.how = kind, entry, how
+
+    def __setitem__(self, name, value):
+        if self.entry is not None and not isinstance(value, self.entry):
+            raise TypeError(f"{self.kind} {name!r}: {value!r} is not a {self.entry.__module__}.{self.entry.__name__}; "
+                            f"{self.how}")
+        super().__setitem__(name, value)
 
     def add(self, name: str, entry: T) -> T:
         if name in self:

@@ -200,7 +200,8 @@ def test_score_timeout_kills_the_worker_and_goes_on():
 # -- one's own rewards: registered, or passed in code; scored in this process -------------------------
 
 def test_register_adds_a_reward_and_refuses_a_taken_name(monkeypatch):
-    monkeypatch.setattr(functions, "REWARDS", type(REWARDS)("reward"))  # a fresh registry, left as it was after
+    fresh = type(REWARDS)("reward", REWARDS.entry, REWARDS.how)  # a fresh registry, left as it was after
+    monkeypatch.setattr(functions, "REWARDS", fresh)
 
     @functions.register("shout", correctness=True)
     def shout(prompt, completion, example, **_):
@@ -210,6 +211,10 @@ def test_register_adds_a_reward_and_refuses_a_taken_name(monkeypatch):
     assert reward.fn is shout and reward.correctness
     with pytest.raises(ValueError, match="reward 'shout' is already registered"):
         functions.register("shout")(lambda *a, **k: 0.0)
+    with pytest.raises(TypeError, match=r"reward 'plain': <function .*> is not a grpo_jax.rewards.functions.Reward; "
+                                        r"register a function with @rewards.register\(name\)"):
+        functions.REWARDS["plain"] = lambda prompt, completion, example, **_: 1.0  # failed at run time before
+    assert "plain" not in functions.REWARDS
 
 
 def test_rewards_passed_in_code_sit_beside_the_registered():

@@ -30,7 +30,8 @@ class Reward:
     correctness: bool = False
 
 
-REWARDS: Registry[Reward] = Registry("reward")
+REWARDS: Registry[Reward] = Registry(
+    "reward", Reward, "register a function with @rewards.register(name), or set rewards.Reward(fn)")
 
 
 def register(name: str, *, correctness: bool = False) -> Callable[[RewardFn], RewardFn]:
