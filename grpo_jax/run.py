@@ -32,12 +32,18 @@ from grpo_jax import logging as run_logging
 from grpo_jax.config import RESUMABLE, Config, flatten, resume_changes
 
 
+class Stop(KeyboardInterrupt):
+    """The run stopped on a signal, having said what it saved (the CLI exits 130 without a word more)."""
+
+
 class Interrupts:
     """While active (main thread only), SIGINT and SIGTERM set `signum` instead of stopping the process:
-    the run saves at the next step boundary, then `stop` raises. A second signal stops at once."""
+    the run saves at the next step boundary, then `stop` raises. A second signal stops at once, unsaved:
+    its exception may land in a callback that swallows exceptions (XLA's gc callback does), so
+    `unless_abandoned` raises it again before anything is saved."""
 
     def __enter__(self):
-        self.signum = None
+        self.signum, self.abandoned = None, ""
         main = threading.current_thread() is threading.main_thread()
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         return self
@@ -45,9 +51,15 @@ class Interrupts:
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signum is not None:
-            raise KeyboardInterrupt(f"second {name}: abandoned the step in flight, unsaved")
+            self.signum, self.abandoned = signum, f"second {name}: abandoned the step in flight, unsaved"
+            print(f"\n{self.abandoned}", flush=True)
+            self.stop()
         self.signum = signum
         print(f"\n{name}: finishing this step, then saving and stopping (again to stop at once, unsaved)", flush=True)
+
+    def unless_abandoned(self):
+        if self.abandoned:
+            self.stop()
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
@@ -61,7 +73,7 @@ class Interrupts:
         return self.signum is not None
 
     def stop(self):
-        raise KeyboardInterrupt if self.signum == signal.SIGINT else SystemExit(128 + self.signum)
+        raise Stop(self.abandoned) if self.signum == signal.SIGINT else SystemExit(128 + self.signum)
 
 
 class SkipWatch:
@@ -209,7 +221,9 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
                 stop = skips.observe(t.step, updates) or idle.observe(t.step, metrics, updates)
                 if stop:
                     raise RuntimeError(stop)
+                interrupts.unless_abandoned()
                 t.save(ckpt)
+            interrupts.unless_abandoned()
             t.save(ckpt, force=True)  # the last step, or an interrupted one: both at a step boundary
         finally:
             logger.close()

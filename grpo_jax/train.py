@@ -87,7 +87,11 @@ def main(argv=None):
         sys.exit(f"python -m grpo_jax.train: error: {e}")
     try:
         run.train(cfg)
-    except KeyboardInterrupt:  # the driver has said what it saved
+    except run.Stop:  # the driver has said what it saved
+        sys.exit(130)
+    except KeyboardInterrupt:  # while starting (loading, compiling): no step to save
+        print("\npython -m grpo_jax.train: interrupted while starting, before any step; nothing new was saved. "
+              "Rerun the same command to start (or resume)", file=sys.stderr, flush=True)
         sys.exit(130)
 
 
