@@ -173,7 +173,10 @@ def train(cfg: Config, params=None, **data) -> dict:
             first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start))
         else:
             print(f"run complete: {ckpt.directory} holds step {t.step} of train.steps={tr.steps}; nothing to do")
-            rows = {r["step"]: r for r in run_logging.read_rows(out / "metrics.jsonl")}
+            history = run_logging.read_rows(out / "metrics.jsonl")
+            if history and not (out / "curves.png").exists() and jax.process_index() == 0:  # killed while closing
+                run_logging.plot_curves(history, out / "curves.png")
+            rows = {r["step"]: r for r in history}
             first, last = _evals(rows.get(0)), _evals(rows.get(t.step))
     finally:
         ckpt.close()

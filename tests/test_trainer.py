@@ -284,8 +284,9 @@ def test_a_stop_mid_step_resumes_exactly(stop, straight, monkeypatch, capsys):
     assert (reference["resumed_from"], resumed["resumed_from"]) == (None, 2 if finished else None)
     assert rows(tmp / "run") == rows(tmp / "straight")  # steps 0..3, each once, the same values
 
+    (tmp / "run" / "curves.png").unlink()  # as a kill while the run closed would leave it
     again = run.train(config(tmp / "run", steps=3, checkpoint_every=2))  # a finished run says so, does nothing
-    assert "run complete" in capsys.readouterr().out
+    assert "run complete" in capsys.readouterr().out and (tmp / "run" / "curves.png").exists()  # but the plot
     assert rows(tmp / "run") == rows(tmp / "straight")
     assert again["first_eval"] == reference["first_eval"] and again["last_eval"] == reference["last_eval"]
     assert again["resumed_from"] == 3
