@@ -212,6 +212,8 @@ class Trainer:
         self.task = build_task(cfg, examples, held_out, rewards)
         check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
+        # LoRA adapters are only worth their base, which is not saved: a checkpoint holds its fingerprint
+        self.base = models.fingerprint(cfg.model_path) if cfg.model_path and cfg.lora.rank else None
         if cfg.model_path:
             model_cfg, loaded = models.load_hf(cfg.model_path, mesh=self.mesh, **cfg.model_options.as_dict())
             cfg = dataclasses.replace(cfg, model=model_cfg, model_path="", model_options=ModelOptions())
@@ -544,9 +546,18 @@ class Trainer:
         """Checkpoints the state (valid only between steps); the config goes with it, for `run.py`'s
         resume check."""
         meta = {"step": self.step, "data_position": self.position, "config": flatten(self.cfg)}
+        if self.base is not None:
+            meta["base"] = {"model_path": self.source_path, "fingerprint": self.base}
         return ckpt.save(self.step, self.checkpoint_state(), meta, force)
 
     def restore(self, ckpt: checkpoint.Checkpointer, step: int) -> None:
+        base = ckpt.read_meta(step).get("base")
+        if base is not None and base["fingerprint"] != self.base:
+            raise ValueError(
+                f"{ckpt.directory} holds LoRA adapters trained on the base model of {base['model_path']}, but "
+                f"model_path={self.source_path} holds other weights (fingerprint {self.base[:12]}, saved "
+                f"{base['fingerprint'][:12]}): resume with the base the adapters were trained on"
+            )
         state, meta = ckpt.restore(self.checkpoint_state(), step)
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
         self.ref_params = state.get("ref", self.ref_params)

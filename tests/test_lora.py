@@ -179,3 +179,22 @@ def test_sampling_a_lora_policy_on_a_mesh_equals_one_device(layer_loop):
     assert len(set(np.asarray(want.lengths).tolist())) > 1  # rows stop at different steps
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_adapters_resume_only_onto_the_base_they_were_trained_on(tmp_path):
+    """The base of a LoRA run is not saved (it is model_path): its checkpoints hold the base's
+    fingerprint, and a resume onto another base of the same architecture is refused (it went on silently)."""
+    for name, key in (("base", 0), ("other", 1)):
+        models.save_hf(MODEL, models.init(MODEL, jax.random.key(key)), tmp_path / name)
+
+    def cfg(base, steps):
+        c = lora_config(tmp_path / "run")
+        return dataclasses.replace(c, model=None, model_path=str(tmp_path / base),
+                                   train=dataclasses.replace(c.train, steps=steps, export_hf=False))
+
+    run.train(cfg("base", 1))
+    assert models.fingerprint(tmp_path / "base") != models.fingerprint(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"holds LoRA adapters trained on the base model of .*/base, but "
+                                         r"model_path=.*/other holds other weights"):
+        run.train(cfg("other", 2))
+    assert run.train(cfg("base", 2))["resumed_from"] == 1

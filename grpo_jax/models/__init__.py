@@ -69,7 +69,7 @@ from grpo_jax.models.decoder import (
     unembedding,
     unstack_layers,
 )
-from grpo_jax.models.hf_io import load_hf, save_hf
+from grpo_jax.models.hf_io import fingerprint, load_hf, save_hf
 
 __all__ = [
     "ATTENTION",
