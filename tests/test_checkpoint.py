@@ -105,3 +105,55 @@ def test_nonfinite_weights_are_refused_at_load_naming_file_and_tensor(tmp_path):
     with pytest.raises(ValueError, match=rf"model.safetensors: tensor {name} holds 1 non-finite value\(s\) \(NaN or "
                                          "inf\\): the checkpoint is damaged"):
         models.load_hf(tmp_path)
+
+
+RESHARD = """
+import sys, numpy as np, jax
+from grpo_jax import checkpoint, trainer
+from grpo_jax.train import parse_args
+t = trainer.Trainer(parse_args(sys.argv[1:]))
+ckpt = checkpoint.Checkpointer(t.cfg.train.out_dir + "/checkpoints", 1, 10)
+t.restore(ckpt, 2)
+one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+whole = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), t.checkpoint_state())
+saved, _ = ckpt.restore(whole, 2)  # the values as saved, whole on one device
+got = jax.tree.leaves(t.checkpoint_state())
+assert len(got) == len(jax.tree.leaves(saved)) and {len(x.sharding.device_set) for x in got} == {4}
+for a, b in zip(jax.tree.leaves(saved), got):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+print("restored", len(got), "leaves onto", len(jax.devices()), "devices")
+"""
+
+
+def test_a_run_saved_on_8_devices_resumes_on_4_with_the_same_values(tmp_path):
+    """Resharding resume: the checkpoint of an 8-device run restores onto a 4-device mesh bit for bit
+    (orbax reads each array into the target's shardings), and the run goes on there."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parents[1]
+    args = ["--config", str(root / "experiments" / "configs" / "quickstart.py"), *(
+        a for s in ("model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2",
+                    "model.num_kv_heads=1", "train.prompts_per_step=2", "sampling.group_size=4", "train.minibatches=1",
+                    "train.eval_prompts=8",
+                    "reward.num_workers=0", "optim.schedule=constant", "train.checkpoint_every=1",
+                    "train.keep_checkpoints=2", f"train.out_dir={tmp_path}") for a in ("--set", s))]
+
+    def run(devices, *command):
+        flags = os.environ["XLA_FLAGS"].replace("device_count=8", f"device_count={devices}")
+        return subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=root, timeout=600,
+                              env={**os.environ, "XLA_FLAGS": flags})
+
+    first = run(8, "-m", "grpo_jax.train", *args, "--set", "train.steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    check = run(4, "-c", RESHARD, *args, "--set", "train.steps=3")
+    assert check.returncode == 0 and "onto 4 devices" in check.stdout, check.stderr[-2000:]
+    resumed = run(4, "-m", "grpo_jax.train", *args, "--set", "train.steps=3")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert checkpoint_steps(tmp_path) == [2, 3]
+
+
+def checkpoint_steps(out):
+    return Checkpointer(out / "checkpoints", 1, 2).all_steps()
