@@ -306,14 +306,14 @@ def upgrade(saved: dict) -> dict:
     return out
 
 
-def resume_changes(saved: dict, now: dict) -> list[str]:
+def resume_changes(saved: dict, now: dict, also: tuple[str, ...] = ()) -> list[str]:
     """The fields in which `now` (flatten of the run's config) differs from `saved` (a checkpoint's, in
-    its own or an older format: `upgrade`) and may not, as "field: saved -> now" lines. `train.steps`
-    may change (extend or cut a run) only with a constant learning rate: a cosine schedule decays over
-    train.steps, so it sets the trajectory."""
+    its own or an older format: `upgrade`) and may not (beyond RESUMABLE and `also`), as "field: saved
+    -> now" lines. `train.steps` may change (extend or cut a run) only with a constant learning rate: a
+    cosine schedule decays over train.steps, so it sets the trajectory."""
     saved = upgrade(saved)
     now = json.loads(json.dumps(now))  # tuples and lists alike, as stored
-    may_change = RESUMABLE + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
+    may_change = RESUMABLE + also + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
     return [
         f"{key}: {saved.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
         for key in sorted(set(saved) | set(now))

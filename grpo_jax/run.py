@@ -17,6 +17,7 @@ ever saved:
   every reward call failed: such a run learns nothing, and never ends as if it had.
 """
 
+import json
 import pathlib
 import signal
 import threading
@@ -97,8 +98,14 @@ class SkipWatch:
         if self.streak < self.limit:
             return None
         return (f"step {step}: the last {self.streak} updates were all skipped (non-finite {self.cause}); "
-                "stopping, unsaved. Lower optim.learning_rate or check the rewards, then resume from the "
-                "last checkpoint")
+                "stopping, unsaved. The updates diverged: resume from the last checkpoint with a lower "
+                f"{' or '.join(DIVERGED_MAY_CHANGE)} (after this stop, a resume may change them)")
+
+
+# A run stopped by SkipWatch leaves this file in its out_dir: the next resume may change the fields of
+# DIVERGED_MAY_CHANGE (the way out of a divergence), and the file goes once a checkpoint is saved.
+DIVERGED = "diverged.json"
+DIVERGED_MAY_CHANGE = ("optim.learning_rate", "optim.max_grad_norm")
 
 
 class IdleWatch:
@@ -167,7 +174,8 @@ def train(cfg: Config, params=None, **data) -> dict:
     try:
         resume = ckpt.latest_intact()
         if resume is not None:
-            check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory)
+            diverged = (out / DIVERGED).exists()
+            check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory, DIVERGED_MAY_CHANGE if diverged else ())
             t.restore(ckpt, resume)
         if t.step < tr.steps:
             first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start))
@@ -186,10 +194,10 @@ def train(cfg: Config, params=None, **data) -> dict:
             "resumed_from": resume, "params": t.state.params}  # the trained params (under LoRA: the adapters)
 
 
-def check_resume(saved: dict, cfg: Config, directory: pathlib.Path) -> None:
+def check_resume(saved: dict, cfg: Config, directory: pathlib.Path, also: tuple[str, ...] = ()) -> None:
     """Refuses to continue the checkpointed run of `saved` (its flattened config) under a `cfg` that
-    would make it a different run."""
-    changes = resume_changes(saved, flatten(cfg))
+    would make it a different run; the fields `also` may change too."""
+    changes = resume_changes(saved, flatten(cfg), also)
     if changes:
         raise ValueError(
             f"{directory} holds a run whose config differs from this one (checkpoint -> now):\n  "
@@ -221,11 +229,15 @@ def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.
                 if tr.log_completions_every and t.step % tr.log_completions_every == 0:
                     logger.log_completions(t.step, t.completion_records())
                 logger.log(t.step, metrics, t.rollout_histograms())
-                stop = skips.observe(t.step, updates) or idle.observe(t.step, metrics, updates)
+                diverged = skips.observe(t.step, updates)
+                if diverged and jax.process_index() == 0:
+                    (pathlib.Path(tr.out_dir) / DIVERGED).write_text(json.dumps({"step": t.step, "why": diverged}))
+                stop = diverged or idle.observe(t.step, metrics, updates)
                 if stop:
                     raise RuntimeError(stop)
                 interrupts.unless_abandoned()
-                t.save(ckpt)
+                if t.save(ckpt) and jax.process_index() == 0:
+                    (pathlib.Path(tr.out_dir) / DIVERGED).unlink(missing_ok=True)
             interrupts.unless_abandoned()
             t.save(ckpt, force=True)  # the last step, or an interrupted one: both at a step boundary
         finally:

@@ -13,7 +13,7 @@ import pytest
 import fault_rewards
 from grpo_jax import algorithms, checkpoint, data, models, run, trainer
 from grpo_jax import train_step as ts
-from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig
+from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig, flatten
 from grpo_jax.data import CharTokenizer
 from grpo_jax.logging import read_events
 from grpo_jax.metrics import Metric
@@ -315,16 +315,27 @@ def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(on_failure, tmp
         assert metrics["groups/kept"] == 2 and mask[4:].any() and np.abs(advantages[4:]).sum() > 0
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e39 as float32: the point
 def test_a_run_that_only_skips_stops_with_the_cause_and_step(tmp_path):
-    """A learning rate that overflows float32 makes every update non-finite: after one step's worth of
-    consecutive skipped updates the run stops, saving nothing (no checkpoint was due yet)."""
+    """Weights so large that the forward overflows make every update non-finite: after one step's worth
+    of consecutive skipped updates the run stops, saving nothing (no checkpoint was due yet), and leaves
+    the mark that lets its resume lower the learning rate."""
     cfg = config(tmp_path, steps=4, checkpoint_every=2, max_skipped_steps=1)
-    cfg = dataclasses.replace(cfg, optim=OptimConfig(learning_rate=1e39))
-    with pytest.raises(RuntimeError, match=r"step 1: the last 2 updates were all skipped \(non-finite "
-                                           r"parameters\); stopping, unsaved"):  # loss and gradient are finite
-        run.train(cfg)
+    huge = jax.tree.map(lambda w: w * 1e30, models.init(cfg.model, jax.random.key(0)))
+    with pytest.raises(RuntimeError, match=r"step 1: the last 2 updates were all skipped \(non-finite gradient\); "
+                                           r"stopping, unsaved. The updates diverged: resume from the last checkpoint "
+                                           r"with a lower optim.learning_rate or optim.max_grad_norm"):
+        run.train(cfg, huge)
     assert checkpoint.Checkpointer(tmp_path / "checkpoints", 1, 1).all_steps() == []
+    assert json.loads((tmp_path / run.DIVERGED).read_text())["step"] == 1
+
+
+def test_after_a_divergence_the_resume_may_lower_the_learning_rate(tmp_path):
+    saved = flatten(config(tmp_path))
+    lower = config(tmp_path)
+    lower = dataclasses.replace(lower, optim=dataclasses.replace(lower.optim, learning_rate=1e-4, max_grad_norm=0.5))
+    with pytest.raises(ValueError, match="optim.learning_rate: 0.003 -> 0.0001"):
+        run.check_resume(saved, lower, tmp_path)
+    run.check_resume(saved, lower, tmp_path, run.DIVERGED_MAY_CHANGE)  # what the stop's advice needs
 
 
 def test_skip_watch_counts_consecutive_skipped_updates_across_steps():
@@ -336,8 +347,9 @@ def test_skip_watch_counts_consecutive_skipped_updates_across_steps():
     assert watch.observe(1, [update("nonfinite_grad"), update("nonfinite_grad")]) is None
     assert watch.observe(2, [update(empty=1)]) is None  # an empty update neither ends nor extends the streak
     assert watch.observe(3, [update("nonfinite_params")]) == (
-        "step 3: the last 3 updates were all skipped (non-finite parameters); stopping, unsaved. Lower "
-        "optim.learning_rate or check the rewards, then resume from the last checkpoint")
+        "step 3: the last 3 updates were all skipped (non-finite parameters); stopping, unsaved. The updates "
+        "diverged: resume from the last checkpoint with a lower optim.learning_rate or optim.max_grad_norm (after "
+        "this stop, a resume may change them)")
     watch = run.SkipWatch(limit=3)
     assert watch.observe(1, [update("nonfinite_loss"), update("nonfinite_loss"), update()]) is None
     assert watch.observe(2, [update("nonfinite_loss"), update("nonfinite_loss")]) is None  # a good update reset it
