@@ -147,12 +147,22 @@ def use_compilation_cache(path: str) -> str:
     A directory already given to JAX (JAX_COMPILATION_CACHE_DIR, jax.config, or an earlier run in this
     process) wins: JAX opens the cache at the first compilation and keeps that directory for the whole
     process, and the environment variable is how a user (or the test suite) chooses it for every
-    process at once, so `path` is then not used (process 0 prints a line saying so)."""
+    process at once, so `path` is then not used (process 0 prints a line saying so).
+
+    Not on several CPU devices of one process (simulated ones): there, runs with a warm cache were seen
+    to abort in XLA:CPU's collective rendezvous (the devices waiting at different all-reduces), and
+    never with the cache off, so `path` is not used (with a line saying so); a directory given to JAX
+    is, as the user's own choice."""
     given = jax.config.jax_compilation_cache_dir
     if given:
         if path and pathlib.Path(path).expanduser() != pathlib.Path(given) and jax.process_index() == 0:
             print(f"compilation cache: {given} (given to JAX), not train.compilation_cache_dir={path}")
         return given
+    if path and jax.default_backend() == "cpu" and jax.local_device_count() > 1:
+        if jax.process_index() == 0:
+            print(f"compilation cache: off on {jax.local_device_count()} CPU devices in one process (warm-cache "
+                  "runs there can abort in a collective), not train.compilation_cache_dir=" + path)
+        return ""
     if path:
         jax.config.update("jax_compilation_cache_dir", str(pathlib.Path(path).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

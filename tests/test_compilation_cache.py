@@ -34,6 +34,14 @@ def test_runs_cache_every_program_in_the_user_cache_by_default(tmp_path):
     assert caches(tmp_path) == {".cache/grpo_jax/xla"}  # "~" expanded; even a program compiled in ~10 ms
 
 
+def test_several_cpu_devices_in_one_process_run_without_the_field_s_cache(tmp_path):
+    """Warm-cache runs on 2 simulated CPU devices aborted in XLA:CPU's collective rendezvous (8 of 12 in
+    a drill; none of ~200 with the cache off): there the field's cache stays off."""
+    out = compile_once("~/.cache/grpo_jax/xla", tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert "compilation cache: off on 2 CPU devices in one process" in out and "using ''" in out
+    assert caches(tmp_path) == set()
+
+
 def test_an_empty_directory_turns_the_cache_off(tmp_path):
     assert override(Config(model_path="x"), ["train.compilation_cache_dir="]).train.compilation_cache_dir == ""
     assert "using ''" in compile_once("", tmp_path)
