@@ -19,6 +19,7 @@ Over several processes every process saves and restores its shards of the global
 process 0 writes the checksums and judges which checkpoint is intact, for all.
 """
 
+import errno
 import hashlib
 import json
 import logging
@@ -37,6 +38,15 @@ from grpo_jax import models, sharding
 CHECKSUMS = "checksums.json"
 NO_CHECKSUMS = f"no {CHECKSUMS}"  # whole (orbax finished it), not yet checksummed: `latest_intact` checksums it
 log = logging.getLogger(__name__)
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether `e`, or an exception it was raised from, is "no space left on device"."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _digests(directory: pathlib.Path) -> dict[str, str]:
@@ -70,12 +80,20 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
         if (not force and step % self.every) or step in self.manager.all_steps():
             return False
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 (orbax wraps the OSError; its cause chain says what failed)
+            if _disk_full(e):
+                older = [s for s in self.all_steps() if s != step]
+                raise OSError(errno.ENOSPC, f"the disk of {self.directory} is full: checkpoint step {step} was not "
+                              f"saved ({'the last intact one is step ' + str(older[-1]) if older else 'none is'}); "
+                              "free space or set train.out_dir elsewhere, then rerun the same command to resume") from None
+            raise
         if jax.process_index() == 0:
             self._write_checksums(step)
         for old in self.all_steps()[: -self.keep]:  # on every process: orbax deletes behind a barrier

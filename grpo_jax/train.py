@@ -10,6 +10,7 @@ VM pods, SLURM) or `--coordinator HOST:PORT --num-processes N --process-id I` (g
 """
 
 import argparse
+import errno
 import hashlib
 import importlib.util
 import pathlib
@@ -89,6 +90,10 @@ def main(argv=None):
         run.train(cfg)
     except run.Stop:  # the driver has said what it saved
         sys.exit(130)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        sys.exit(f"python -m grpo_jax.train: error: {e.strerror}")  # one sentence, not orbax's threads' noise
     except KeyboardInterrupt:  # while starting (loading, compiling): no step to save
         print("\npython -m grpo_jax.train: interrupted while starting, before any step; nothing new was saved. "
               "Rerun the same command to start (or resume)", file=sys.stderr, flush=True)

@@ -157,3 +157,24 @@ def test_a_run_saved_on_8_devices_resumes_on_4_with_the_same_values(tmp_path):
 
 def checkpoint_steps(out):
     return Checkpointer(out / "checkpoints", 1, 2).all_steps()
+
+
+def test_a_full_disk_is_one_sentence_naming_the_step_and_the_fix(tmp_path, monkeypatch):
+    """Disk full used to print hundreds of lines of orbax's event-loop errors and no sentence to act on."""
+    import errno
+
+    import pytest
+
+    ckpt = Checkpointer(tmp_path, every=1, keep=2)
+    ckpt.save(1, _state(1), {"position": 1})
+
+    def full(*args, **kwargs):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("an orbax save failed") from e
+
+    monkeypatch.setattr(ckpt.manager, "save", full)
+    with pytest.raises(OSError, match=r"the disk of .* is full: checkpoint step 2 was not saved \(the last intact one "
+                                      r"is step 1\); free space or set train.out_dir elsewhere, then rerun"):
+        ckpt.save(2, _state(2), {"position": 2})
