@@ -54,6 +54,12 @@ class MeshConfig:
         }, self)
 
 
+# The smallest sampling temperature: logits / T must stay finite in float32 for any realistic logits
+# (|logit| up to ~1e4 at T = 1e-3 is 1e7). Argmax decoding is `greedy`, not T -> 0.
+MIN_TEMPERATURE = 1e-3
+FLOAT32_MAX = 3.4028234663852886e38  # every float of a config reaches the device as a float32
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How rollouts are generated. `group_size` completions are drawn per distinct prompt."""
@@ -80,7 +86,9 @@ class SamplingConfig:
             "max_prompt_len": (self.max_prompt_len >= 1, "must be >= 1"),
             "max_new_tokens": (self.max_new_tokens >= 1, "must be >= 1"),
             "group_size": (self.group_size >= 1, "must be >= 1 (completions per prompt)"),
-            "temperature": (0 < self.temperature < math.inf, "must be finite and > 0; for argmax decoding set greedy=True"),
+            "temperature": (MIN_TEMPERATURE <= self.temperature < math.inf,
+                            f"must be finite and >= {MIN_TEMPERATURE} (logits / temperature must stay in float32 range); "
+                            "for argmax decoding set sampling.greedy=true"),
             "top_k": (self.top_k >= 0, "must be >= 0 (0 disables top-k)"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1] (1 disables top-p)"),
             "stop_tokens": (not (self.ignore_eos and self.stop_tokens),
@@ -162,6 +170,7 @@ class TrainConfig:
     def __post_init__(self):
         _check("TrainConfig", {
             "steps": (self.steps >= 1, "must be >= 1"),
+            "seed": (0 <= self.seed < 2**32, "must be in [0, 2**32) (it seeds a uint32 JAX random key); pick another seed"),
             "prompts_per_step": (self.prompts_per_step >= 1, "must be >= 1"),
             "minibatches": (self.minibatches >= 1, "must be >= 1 (optimizer updates per pass over a rollout batch)"),
             "micro_batches": (self.micro_batches >= 1, "must be >= 1 (accumulation slices of a minibatch)"),
@@ -225,8 +234,12 @@ class Config:
                 f"{', '.join(RUN_FIELDS)} on Config.model"
             )
         for key, value in flatten(self).items():
-            if any(isinstance(x, float) and not math.isfinite(x) for x in (value if isinstance(value, list) else [value])):
+            floats = [x for x in (value if isinstance(value, list) else [value]) if isinstance(x, float)]
+            if not all(math.isfinite(x) for x in floats):
                 raise ValueError(f"Config.{key}={value!r} is not finite; every number of a config must be")
+            if any(abs(x) > FLOAT32_MAX for x in floats):
+                raise ValueError(f"Config.{key}={value!r} overflows float32 (|x| <= {FLOAT32_MAX:.8g}), as which it "
+                                 "reaches the device: lower it")
         if self.model is not None:
             check_routing_replay(self.algorithm, self.model)
 

@@ -118,7 +118,8 @@ def check(cfg: Config) -> None:
     if tr.packing and tr.prefix_grouper:
         raise ValueError("train.packing=True: train.prefix_grouper=True shares each group's prompt across rows, "
                          "which packing lays apart; set train.packing=False or train.prefix_grouper=False")
-    if tr.prefix_grouper and any(cfg.model.moe_layers):
+    # A model_path's architecture is checked by grpo_jax.trainer.check, which reads its config.json.
+    if tr.prefix_grouper and cfg.model is not None and any(cfg.model.moe_layers):
         raise ValueError(
             "train.prefix_grouper=True: this MoE model's routing metrics and routing replay read every "
             "token of a row, which prefix grouping encodes once per group; set train.prefix_grouper=False"

@@ -79,13 +79,40 @@ def build_task(
     if examples is not None and not isinstance(cfg.task, data.Examples):
         raise ValueError(f"examples passed in code need Config.task=data.Examples(label); Config.task names the task "
                          f"{data.task_name(cfg.task)!r}, which brings its own")
+    for name, given in (("examples", examples), ("held_out", held_out)):
+        if given is not None and (isinstance(given, (str, bytes, Mapping)) or not isinstance(given, data.Source)):
+            raise TypeError(f"{name}= is a {type(given).__name__}, not random-access examples: pass a list of dicts "
+                            f"(e.g. {name}=list(...)), or anything with len() and [i]")
     train, held = (examples, held_out) if examples is not None else cfg.task.sources(cfg.train.seed)
+    tr = cfg.train
+    if len(train) < tr.prompts_per_step:
+        raise ValueError(f"{cfg.task.describe('train')} holds {len(train)} examples, fewer than train.prompts_per_step="
+                         f"{tr.prompts_per_step}: add examples, or lower train.prompts_per_step")
     if held is not None:
-        held = [held[i] for i in range(min(len(held), cfg.train.eval_prompts))]
+        if len(held) < tr.eval_prompts:
+            raise ValueError(
+                f"{cfg.task.describe('held_out')} holds {len(held)} held-out examples, fewer than train.eval_prompts="
+                f"{tr.eval_prompts}: lower train.eval_prompts to at most {len(held)} (a multiple of the devices the "
+                "batch splits over), or add held-out examples"
+            )
+        held = [held[i] for i in range(tr.eval_prompts)]
     run_rewards = cfg.reward.rewards(cfg.sampling.max_new_tokens, reward_fns)
     if cfg.reward.num_workers:
         scoring.check_sendable({n: r.fn for n, r in zip(cfg.reward.names, run_rewards)})
-    return Task(train, held or None, load_tokenizer(cfg), run_rewards)
+    return Task(train, held, load_tokenizer(cfg), run_rewards)
+
+
+def model_config(cfg: Config) -> models.ModelConfig:
+    """The run's architecture before any weight loads: `Config.model`, or a model_path's config.json
+    (with `Config.model_options`)."""
+    if cfg.model is not None:
+        return cfg.model
+    path = pathlib.Path(cfg.model_path) / "config.json"
+    try:
+        config_json = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"model_path: {path} is not JSON ({e}); restore the model's config.json") from None
+    return models.ModelConfig.from_hf(config_json, **cfg.model_options.as_dict())
 
 
 def check(cfg: Config) -> None:
@@ -94,9 +121,18 @@ def check(cfg: Config) -> None:
     if cfg.model_path and not (pathlib.Path(cfg.model_path) / "config.json").is_file():
         where = "has no config.json" if pathlib.Path(cfg.model_path).is_dir() else "does not exist"
         raise FileNotFoundError(f"model_path={cfg.model_path} {where}: point it at a local Hugging Face model directory")
-    if cfg.model_path and cfg.algorithm.routing_replay != "none":  # before any weight loads
-        config_json = json.loads((pathlib.Path(cfg.model_path) / "config.json").read_text())
-        check_routing_replay(cfg.algorithm, models.ModelConfig.from_hf(config_json))
+    model = model_config(cfg)
+    if cfg.model_path:  # the checks of the architecture that Config and train_step.check make for a `model`
+        check_routing_replay(cfg.algorithm, model)
+        ts.check(dataclasses.replace(cfg, model=model, model_path="", model_options=ModelOptions()))
+    longest = s.max_prompt_len + s.max_new_tokens
+    if model.max_position_embeddings < longest:
+        where = f" ({cfg.model_path}/config.json)" if cfg.model_path else ""
+        raise ValueError(
+            f"model.max_position_embeddings={model.max_position_embeddings}{where} is shorter than sampling.max_prompt_len "
+            f"+ sampling.max_new_tokens = {s.max_prompt_len} + {s.max_new_tokens} = {longest}, the longest sequence: "
+            "lower them (or, for a model of your own, raise max_position_embeddings)"
+        )
     out = pathlib.Path(tr.out_dir)
     if any(p.exists() and not p.is_dir() for p in (out, out / "checkpoints")):
         raise ValueError(f"train.out_dir={tr.out_dir}: a file is in the way of the run directory; move it or set another out_dir")
@@ -111,8 +147,9 @@ def check(cfg: Config) -> None:
 
 
 def check_prompts(cfg: Config, task: Task) -> None:
-    """Every prompt of the training examples and of the held-out set fits `sampling.max_prompt_len`
-    (checked up front: otherwise a bad record fails only when drawn, mid-run). Generated (synthetic)
+    """Every example of the training and held-out sets is a dict with a str "prompt" holding what its
+    rewards read (`rewards.Reward.reads`), and its prompt fits `sampling.max_prompt_len` (checked up
+    front: otherwise a bad record fails only when drawn, mid-run). Generated (synthetic)
     training tasks are endless; their prompts are checked as each batch is drawn."""
     tok, width = task.tokenizer, cfg.sampling.max_prompt_len
     chat = getattr(tok, "apply_chat_template", None)
@@ -121,14 +158,54 @@ def check_prompts(cfg: Config, task: Task) -> None:
         sets.append((task.train, cfg.task.describe("train")))
     for examples, source in sets:
         for i in range(len(examples)):
-            where = f"{source}: example {i} (prompt {examples[i]['prompt'][:40]!r})"
+            example = examples[i]
+            if not isinstance(example, Mapping) or not isinstance(example.get("prompt"), str):
+                got = (f"is a {type(example).__name__}" if not isinstance(example, Mapping) else
+                       f"has no 'prompt' (its keys: {sorted(map(str, example))})" if "prompt" not in example else
+                       f"has prompt={example['prompt']!r} of type {type(example['prompt']).__name__}")
+                raise TypeError(f"{source}: example {i} {got}; every example is a dict with a str 'prompt' "
+                                "(and what its rewards read, e.g. a str 'answer')")
+            where = f"{source}: example {i} (prompt {example['prompt'][:40]!r})"
+            for name, reward in zip(cfg.reward.names, task.rewards):
+                problem = rewards.functions.example_problem(name, reward, example)
+                if problem:
+                    raise ValueError(f"{where} {problem}")
             try:
-                n = len(tok.encode(data.render(cfg.template, examples[i], chat)))
+                n = len(tok.encode(data.render(cfg.template, example, chat)))
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
             if not 0 < n <= width:
                 raise ValueError(f"{where} renders to {n} tokens; sampling.max_prompt_len={width}: raise it, "
                                  "or remove the example")
+
+
+def check_params(model: models.ModelConfig, params) -> None:
+    """Raises unless `params` (passed in code) have the leaves of `model` (those of `models.init`), each
+    of its shape and of a floating dtype: others fail at the first update, or train a model that is not
+    the config's."""
+    name = lambda path: jax.tree_util.keystr(path, simple=True, separator="/")  # noqa: E731
+    want = {name(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.eval_shape(
+        lambda: models.init(model, jax.random.key(0))))}
+    got = {name(p): x for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        said = [f"{what} {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''} ({len(keys)})"
+                for what, keys in (("missing", missing), ("extra", extra)) if keys]
+        raise ValueError(f"params do not have the leaves of the {model.model_type} model of Config.model: "
+                         f"{'; '.join(said)}; pass params of this model (models.init(cfg.model, key), models.load_hf) "
+                         "or the Config.model they belong to")
+    for key, x in got.items():
+        shape, dtype = tuple(getattr(x, "shape", ())), getattr(x, "dtype", None)
+        if shape != want[key].shape:
+            raise ValueError(
+                f"params {key} has shape {shape} where Config.model (hidden_size={model.hidden_size}, "
+                f"intermediate_size={model.intermediate_size}, num_heads={model.num_heads}, num_kv_heads="
+                f"{model.num_kv_heads}, head_dim={model.head_dim}, vocab_size={model.vocab_size}) needs "
+                f"{want[key].shape}: the params are of another model; set Config.model to theirs"
+            )
+        if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"params {key} are {dtype}, not floating point: the optimizer updates them by "
+                            f"gradients; cast the params to model.dtype={model.dtype!r}")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -212,6 +289,7 @@ class Trainer:
         self.task = build_task(cfg, examples, held_out, rewards)
         check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
+        given = params is not None  # checked against the model before anything compiles
         # LoRA adapters are only worth their base, which is not saved: a checkpoint holds its fingerprint
         self.base = models.fingerprint(cfg.model_path) if cfg.model_path and cfg.lora.rank else None
         if cfg.model_path:
@@ -220,6 +298,8 @@ class Trainer:
             params = loaded if params is None else params
         elif params is None:
             params = models.init(cfg.model, jax.random.key(cfg.train.seed))
+        if given:
+            check_params(cfg.model, params)
         self.cfg = cfg
         tr, alg = cfg.train, cfg.algorithm
         self.rows = tr.prompts_per_step * cfg.sampling.group_size

@@ -149,7 +149,8 @@ def test_a_tfds_task_from_the_command_line_reaches_the_trainer(tiny_tfds):
     from grpo_jax.train import load_config
 
     quickstart = load_config(pathlib.Path(__file__).parents[1] / "experiments" / "configs" / "quickstart.py")
-    sets = ["task=tfds", "task.builder=grpo_jax_gsm8k_tiny", f"task.data_dir={tiny_tfds}", "reward.names=math"]
+    sets = ["task=tfds", "task.builder=grpo_jax_gsm8k_tiny", f"task.data_dir={tiny_tfds}", "reward.names=math",
+            "train.prompts_per_step=8", "train.minibatches=1", "train.eval_prompts=4"]  # 16 and 4 examples
     cfg = override(quickstart, sets)
     task = trainer.build_task(cfg)
     records = data.load_examples(FIXTURES / "gsm8k_tiny.jsonl", "gsm8k")

@@ -1,5 +1,6 @@
 """Bad inputs through the CLI, resume-safe logs, reward failures and workers, and the soak drill."""
 
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import checkpoint, models, trainer
+from grpo_jax import train_step as ts
 from grpo_jax.config import flatten, override, resume_changes
 from grpo_jax import logging as run_logging
 from grpo_jax.rewards import scoring
@@ -59,9 +61,11 @@ def file_task_config(tmp, train_lines: list[str]) -> str:
 
 
 def hf_dir(tmp, damage=None) -> str:
-    """A tiny saved model directory, `damage`d: "architecture", "truncated" or "no_weights"."""
-    cfg = models.ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=16, intermediate_size=32,
-                             num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
+    """A tiny saved model directory, `damage`d: "architecture", "truncated" or "no_weights" (or "moe": a
+    mixture-of-experts one, intact)."""
+    moe = dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+    cfg = models.ModelConfig(**{"model_type": "qwen3", **(moe if damage == "moe" else {})}, vocab_size=64, hidden_size=16,
+                             intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
     path = tmp / "model"
     models.save_hf(cfg, models.init(cfg, jax.random.key(0)), path)
     weights = path / "model.safetensors"
@@ -137,6 +141,32 @@ BAD_INPUTS = {
     "resume with another seed and batch": (["train.seed=3", "train.prompts_per_step=4"], "checkpoint", ValueError,
                                            r"train.prompts_per_step: 2 -> 4\n  train.seed: 0 -> 3"),
     "every checkpoint damaged": ([], "all damaged", RuntimeError, r"every checkpoint in .* is damaged \(step 2: .*; step 1: "),
+    # float32 overflow: finite in Python, not on the device
+    "learning rate beyond float32": (["optim.learning_rate=1e39"], None, ValueError,
+                                     r"Config.optim.learning_rate=1e\+39 overflows float32 .*: lower it"),
+    "reward weight beyond float32": (["reward.weights=1e39"], None, ValueError,
+                                     r"Config.reward.weights=\[1e\+39\] overflows float32 .*: lower it"),
+    "temperature too small for float32": (["sampling.temperature=1e-30"], None, ValueError,
+                                          r"SamplingConfig.temperature=1e-30 must be finite and >= 0.001 .*for argmax decoding set "
+                                          "sampling.greedy=true"),
+    # inputs that used to fail unclearly, late or not at all
+    "negative seed": (["train.seed=-1"], None, ValueError, r"TrainConfig.seed=-1 must be in \[0, 2\*\*32\)"),
+    "seed beyond uint32": (["train.seed=99999999999"], None, ValueError, r"TrainConfig.seed=99999999999 must be in \[0, 2\*\*32\)"),
+    "no kv heads": (["model.num_kv_heads=0"], None, ValueError, "ModelConfig.num_kv_heads=0 must be >= 1"),
+    "no intermediate size": (["model.intermediate_size=0"], None, ValueError, "ModelConfig.intermediate_size=0 must be >= 1"),
+    "negative hidden size": (["model.hidden_size=-32"], None, ValueError, "ModelConfig.hidden_size=-32 must be >= 1"),
+    "no layers": (["model.num_layers=0"], None, ValueError, "ModelConfig.num_layers=0 must be >= 1"),
+    "positions shorter than the sequences": (["model.max_position_embeddings=10"], None, ValueError,
+                                             r"model.max_position_embeddings=10 is shorter than sampling.max_prompt_len \+ "
+                                             r"sampling.max_new_tokens = 8 \+ 4 = 12.*lower them"),
+    "prefix grouper on an MoE model_path": (["model=none", "model_path={model}", "train.prefix_grouper=true"], "moe", ValueError,
+                                            "train.prefix_grouper=True: this MoE model's routing .*set train.prefix_grouper=False"),
+    "empty data file": ([], [], ValueError, r"train.jsonl holds 0 examples, fewer than train.prompts_per_step=2: add examples"),
+    "data file shorter than a batch": ([], [GOOD], ValueError,
+                                       r"train.jsonl holds 1 examples, fewer than train.prompts_per_step=2: add examples"),
+    "held-out file smaller than eval_prompts": (["train.eval_prompts=16"], [GOOD] * 4, ValueError,
+                                                r"held_out.jsonl holds 8 held-out examples, fewer than train.eval_prompts=16: "
+                                                "lower train.eval_prompts"),
 }
 
 
@@ -146,7 +176,7 @@ def test_bad_inputs_are_clear_errors_before_compiling(case, tmp_path, monkeypatc
     config = QUICKSTART
     if isinstance(prepare, list):
         config = file_task_config(tmp_path, prepare)
-    elif prepare in ("architecture", "truncated", "no_weights"):
+    elif prepare in ("architecture", "truncated", "no_weights", "moe"):
         sets = [s.format(model=hf_dir(tmp_path, prepare)) for s in sets]
     elif prepare in ("checkpoint", "all damaged"):
         out = saved_run(tmp_path)
@@ -164,6 +194,71 @@ def test_bad_inputs_are_clear_errors_before_compiling(case, tmp_path, monkeypatc
         assert text.startswith("python -m grpo_jax.train: error: ") and re.search(message, text), text
     else:
         assert re.search(message, str(raised.value)), raised.value
+
+
+def no_compiling(monkeypatch):
+    monkeypatch.setattr(trainer.ts, "compiled_train_step", lambda *a: pytest.fail("the train step compiled before the error"))
+
+
+SUM = {"prompt": "1+2=", "answer": "3"}
+# In code: (Trainer keyword arguments, the error's type, what its message must say)
+BAD_DATA_IN_CODE = {
+    "examples without a prompt": (dict(examples=[{"question": "1+2=", "answer": "3"}] * 8), TypeError,
+                                  r"the train examples of task 'examples': example 0 has no 'prompt' \(its keys: "
+                                  r"\['answer', 'question'\]\); every example is a dict with a str 'prompt'"),
+    "an int prompt": (dict(examples=[SUM] * 8, held_out=[{"prompt": 12, "answer": "3"}] * 8), TypeError,
+                      "held_out examples of task 'examples': example 0 has prompt=12 of type int; every example is a dict "
+                      "with a str 'prompt'"),
+    "a generator": (dict(examples=(SUM for _ in range(8))), TypeError,
+                    r"examples= is a generator, not random-access examples: pass a list of dicts \(e.g. examples=list"),
+    "int answers under exact": (dict(examples=[{"prompt": "1+2=", "answer": 3}] * 8), ValueError,
+                                r"example 0 \(prompt '1\+2='\) has answer=3 of type int, but reward 'exact' compares a "
+                                "str answer; give every example's 'answer' as a str"),
+    "a reward without **kwargs": (dict(examples=[SUM] * 8, rewards={"exact_sum": lambda prompt, completion, example: 1.0}),
+                                  TypeError, r"reward 'exact_sum': .*\(prompt, completion, example\) takes no \*\*kwargs, .*"
+                                  r"define it as fn\(prompt, completion, example, \*\*kwargs\)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATA_IN_CODE)
+def test_bad_examples_and_rewards_in_code_are_clear_errors_before_compiling(case, tmp_path, monkeypatch, unchecked):
+    """(With the tests' type checks off: a user's process has none, `unchecked`.)"""
+    given, error, message = BAD_DATA_IN_CODE[case]
+    names = ["reward.names=exact_sum", "reward.num_workers=0"] if "rewards" in given else []
+    cfg = parse_args(argv(tmp_path, "task=examples", *names))
+    no_compiling(monkeypatch)
+    with pytest.raises(error, match=message):
+        trainer.Trainer(cfg, **given)
+
+
+def test_params_of_another_model_are_clear_errors_before_compiling(tmp_path, monkeypatch, unchecked):
+    """Params passed in code: a missing leaf used to fail with a 40-line pytree dump, another width
+    trained anyway, and int32 params failed at the first update."""
+    cfg = parse_args(argv(tmp_path))
+    no_compiling(monkeypatch)
+    params = models.init(cfg.model, jax.random.key(0))
+    missing = {**params, "layers": {k: v for k, v in params["layers"].items() if k != "q_norm"}}
+    with pytest.raises(ValueError, match=r"^params do not have the leaves of the qwen3 model of Config.model: missing "
+                                         r"layers/q_norm \(1\); pass params of this model"):
+        trainer.Trainer(cfg, missing)
+    extra = {**params, "lm_head": params["embed"]}
+    with pytest.raises(ValueError, match=r"params do not have the leaves .*: extra lm_head \(1\)"):
+        trainer.Trainer(cfg, extra)
+    wider = models.init(dataclasses.replace(cfg.model, hidden_size=48), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"params embed has shape \(\d+, 48\) where Config.model \(hidden_size=32, .*\) "
+                                         r"needs \(\d+, 32\): the params are of another model; set Config.model to theirs"):
+        trainer.Trainer(cfg, wider)
+    with pytest.raises(TypeError, match=r"params embed are int32, not floating point: .*cast the params to "
+                                        "model.dtype='float32'"):
+        trainer.Trainer(cfg, jax.tree.map(lambda x: x.astype(np.int32), params))
+
+
+def test_prefix_grouper_on_a_dense_model_path_passes_the_checks(tmp_path):
+    """The MoE check of train.prefix_grouper reads a model_path's config.json (it used to fail on
+    Config.model=None with "'NoneType' object has no attribute 'moe_layers'")."""
+    cfg = parse_args(argv(tmp_path / "run", "model=none", f"model_path={hf_dir(tmp_path)}", "train.prefix_grouper=true"))
+    trainer.check(cfg)
+    ts.check(cfg)
 
 
 def test_set_changes_fields_that_must_agree_together(tmp_path):

@@ -90,6 +90,15 @@ class ModelConfig:
                 f"ModelConfig.model_type={self.model_type!r} is not supported; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
+        sizes = ["vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "max_position_embeddings", "decoder_sparse_step"] + (["moe_intermediate_size"] if self.num_experts else [])
+        for name in sizes:  # before any division by them
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be >= 1 (a size of the model); set model.{name}")
+        if self.num_experts < 0:
+            raise ValueError(f"ModelConfig.num_experts={self.num_experts} must be >= 0 (0: a dense model)")
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta={self.rope_theta} must be > 0 (RoPE's base wavelength)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"ModelConfig.num_heads={self.num_heads} must be a multiple of "

@@ -12,6 +12,7 @@ importable module. (DAPO's overlong shaping is part of the algorithm:
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 
@@ -28,28 +29,63 @@ class Reward:
 
     fn: RewardFn
     correctness: bool = False
+    # The fields of an example that fn reads, with their types (e.g. (("answer", str),)): every example
+    # of a run is checked against them before it compiles (`example_problem`); one fn cannot read would
+    # fail every call.
+    reads: tuple[tuple[str, type], ...] = ()
+
+
+def check_signature(name: str, fn: RewardFn) -> None:
+    """Raises unless `fn` keeps the reward contract, fn(prompt, completion, example, **kwargs): `score`
+    passes keyword arguments (completion_len) that a reward without **kwargs would fail every call on."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature: not checkable
+        return
+    label = f"reward {name!r}: {getattr(fn, '__qualname__', type(fn).__name__)}{signature}"
+    fix = "define it as fn(prompt, completion, example, **kwargs) (grpo_jax.rewards.functions)"
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        raise TypeError(f"{label} takes no **kwargs, but every reward is called with keyword arguments "
+                        f"(completion_len=...); {fix}")
+    try:
+        signature.bind("prompt", "completion", {}, completion_len=1)
+    except TypeError as e:
+        raise TypeError(f"{label} cannot be called as fn(prompt, completion, example, **kwargs) ({e}); {fix}") from None
+
+
+def example_problem(name: str, reward: Reward, example: Mapping) -> str | None:
+    """Why `reward` (named `name`) cannot read `example` (its `Reward.reads`), or None."""
+    for key, kind in reward.reads:
+        if key not in example:
+            return f"has no {key!r}, which reward {name!r} reads; add it to every example"
+        if not isinstance(example[key], kind):
+            return (f"has {key}={example[key]!r} of type {type(example[key]).__name__}, but reward {name!r} compares "
+                    f"a {kind.__name__} {key}; give every example's {key!r} as a {kind.__name__} (e.g. {kind.__name__}(...))")
+    return None
 
 
 REWARDS: Registry[Reward] = Registry(
     "reward", Reward, "register a function with @rewards.register(name), or set rewards.Reward(fn)")
 
 
-def register(name: str, *, correctness: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: `fn` becomes reward `name` (for `RewardConfig.names`); returns `fn` unchanged."""
+def register(name: str, *, correctness: bool = False,
+             reads: tuple[tuple[str, type], ...] = ()) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: `fn` becomes reward `name` (for `RewardConfig.names`); returns `fn` unchanged. `reads`:
+    the example fields it reads and their types (`Reward.reads`)."""
     def add(fn: RewardFn) -> RewardFn:
-        REWARDS.add(name, Reward(fn, correctness))
+        REWARDS.add(name, Reward(fn, correctness, reads))
         return fn
 
     return add
 
 
-@register("exact", correctness=True)
+@register("exact", correctness=True, reads=(("answer", str),))
 def exact_match(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the extracted answer is the reference string exactly (after stripping whitespace)."""
     return float(answers.extract_answer(completion) == example["answer"].strip())
 
 
-@register("math", correctness=True)
+@register("math", correctness=True, reads=(("answer", str),))
 def math_equal(prompt: str, completion: str, example: dict, **_) -> float:
     """1 if the extracted answer equals the reference numerically or symbolically."""
     return float(answers.answers_match(answers.extract_answer(completion), example["answer"]))
@@ -130,5 +166,8 @@ class RewardConfig:
         if unused:
             raise ValueError(f"rewards {unused} are passed in code but not in RewardConfig.names={self.names}")
         out = [given[n] if n in given else REWARDS[n] for n in self.names]
-        return tuple(dataclasses.replace(r, fn=functools.partial(r.fn, max_len=max_len)) if n == "length" else r
-                     for n, r in zip(self.names, out))
+        out = [dataclasses.replace(r, fn=functools.partial(r.fn, max_len=max_len)) if n == "length" else r
+               for n, r in zip(self.names, out)]
+        for n, r in zip(self.names, out):
+            check_signature(n, r.fn)
+        return tuple(out)
