@@ -142,7 +142,7 @@ def test_packed_update_equals_the_padded_update_on_two_devices(params, rows):
     between devices than the padded one (gradient reductions, the step statistics' sorts): no row leaves
     its device."""
     batch, prompt_lengths, lengths, _, _ = rows
-    cfg = config("dapo", micro_batches=2, loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0,
+    cfg = config("dapo", micro_batches=2, loss="clip_cov", ratio=0.2, lb=0.0, ub=10.0,
                  top_entropy_quantile=0.5, beta=0.04)
     mesh = sharding.make_mesh(MeshConfig(data=2), jax.devices()[:2])
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None

@@ -79,7 +79,7 @@ def test_grouped_logprobs_and_entropies_equal_full_logits(params, grouped):
     ("gspo", 1, "2x2x2", {}),  # sharded (the prompt pass's 2 rows replicate over data x fsdp = 4, with a warning)
     # accumulation over micro-batches of one group each; step statistics (the no-grad pass) and a
     # reference model (beta > 0), both grouped
-    ("dapo", 2, "1 device", dict(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=10.0,
+    ("dapo", 2, "1 device", dict(loss="clip_cov", ratio=0.2, lb=0.0, ub=10.0,
                                  top_entropy_quantile=0.5, beta=0.04)),
 ])
 def test_grouped_update_equals_the_per_row_update(preset, micro_batches, mesh, fields, params, grouped):
@@ -88,7 +88,7 @@ def test_grouped_update_equals_the_per_row_update(preset, micro_batches, mesh, f
     cfg = config(preset, micro_batches, **fields)
     ref_params = jax.tree.map(lambda p: p * 1.01, params) if cfg.algorithm.beta > 0 else None
     mesh_cfg = MeshConfig(data=2, fsdp=2, tensor=2) if mesh == "2x2x2" else MeshConfig(data=1)
-    devices = jax.devices()[: math.prod(dataclasses.astuple(mesh_cfg))]
+    devices = jax.devices()[: math.prod(getattr(mesh_cfg, a) for a in sharding.MESH_AXES)]
     sgd = optax.sgd(1.0)
     outs = []
     for grouper in (False, True):

@@ -142,7 +142,7 @@ NOISE = {"gspo": 1e-3}  # GSPO's clip range is 3e-4 / 4e-4 on the sequence ratio
 def compiled(preset: str, mesh: str, params, micro_batches: int = 2):
     """(cached jitted step, fresh initial state placed as the step expects it)."""
     cfg = config(preset, micro_batches)
-    devices = jax.devices()[: math.prod(dataclasses.astuple(MESHES[mesh]))]
+    devices = jax.devices()[: math.prod(getattr(MESHES[mesh], a) for a in sharding.MESH_AXES)]
     optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MESHES[mesh], devices))
     return step, jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding)
 
