@@ -20,11 +20,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
 from grpo_jax.typecheck import checked
 
 Params = dict[str, Any]
