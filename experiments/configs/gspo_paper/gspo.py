@@ -24,7 +24,7 @@ What the paper does not state, and what we chose (change them here, or with --se
   need a code sandbox this repository does not have), MATH-format files, boxed-answer reward;
   the held-out set must hold train.eval_prompts=64 problems, a multiple of the 32-way batch axis:
   AIME'24's 30 are refused at the start until evaluation pads a set to the mesh, so evaluate on a
-  larger one (e.g. MATH500) or on AIME'24 repeated to 64 rows;
+  larger one (e.g. MATH500);
 - batch: 64 prompts x G=16 completions a step (1024), so a minibatch is 256 completions, run as 8
   micro-batches of 32: one row per device of the 32-way batch axis;
 - lengths: prompts <= 1024 tokens, completions <= 8192 (the paper grows its generation length during
