@@ -6,13 +6,15 @@ uninterrupted run ends.
 One reference run, then one run stopped at random moments and restarted (the same command) until
 `--kills` stops are made or `--seconds` are spent, then run to its end. The stops cycle through
 SIGKILL of the trainer alone (a crash: no handler runs) and SIGINT or SIGTERM to its whole process
-group (Ctrl-C, a scheduler's preemption); most land at a random time within the steps (sampling,
+group (Ctrl-C, a scheduler's preemption), once or twice in quick succession (the second abandons the
+step in flight); most land at a random time within the steps (sampling,
 updates, evaluation, logging, saving), some during start-up. Checked after every stop: no process of
 the run outlives it (reward workers included), an interrupt exits with 130 / 143, and every
 checkpoint left behind restores (a save cut short before its checksums is whole: the next start
 checksums it). At the end: the final train state (params, optimizer state, counters, random key,
 data position) equals the reference's bit for bit; metrics.jsonl and TensorBoard hold every step
-once, with the reference's values; a rerun says "run complete" and changes nothing. Prints a table
+once, with the reference's values; a rerun says "run complete", changes nothing, and draws curves.png
+again if it was lost. Prints a table
 and exits 1 on any failure. The run is `--config` (default: the quickstart's, shrunk to a
 one-layer model and 6 steps) with `--set` overrides; compilations are cached in the work dir.
 """
@@ -38,8 +40,8 @@ TINY = (
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_heads=2", "model.num_kv_heads=1",
     "sampling.group_size=4", "sampling.max_new_tokens=3",
 )
-STOPS = ("SIGKILL", "SIGINT", "SIGTERM")
-EXIT = {"SIGINT": 130, "SIGTERM": 143}
+STOPS = ("SIGKILL", "SIGINT", "SIGTERM", "SIGINT twice", "SIGTERM twice")
+EXIT = {"SIGINT": 130, "SIGTERM": 143, "SIGINT twice": 130, "SIGTERM twice": 143}
 TIMING = ("time/", "throughput/", "reward/time_s")  # wall-clock metrics: differ between any two runs
 
 
@@ -225,7 +227,11 @@ def drill(args) -> dict:
             if kind == "SIGKILL":
                 os.kill(run.proc.pid, signal.SIGKILL)
             else:
-                os.killpg(run.proc.pid, getattr(signal, kind))
+                os.killpg(run.proc.pid, getattr(signal, kind.split()[0]))
+                if kind.endswith("twice"):  # impatient: the second abandons the step in flight, unsaved
+                    time.sleep(rng.uniform(0.05, 0.5))
+                    if run.proc.poll() is None:
+                        os.killpg(run.proc.pid, getattr(signal, kind.split()[0]))
             stops[(kind, phase)] += 1
         rc = run.wait()
         finished = is_complete(work / "drilled", steps)  # a signal may land as it exits
@@ -251,9 +257,12 @@ def drill(args) -> dict:
         failures.append("the resumed run failed to finish (see drilled.log)")
     else:
         before = (work / "drilled" / "metrics.jsonl").read_text()
+        (work / "drilled" / "curves.png").unlink(missing_ok=True)  # as a kill while the run closed leaves it
         again = Run(args, work / "drilled", env)
         if again.wait() != 0 or "run complete" not in again.output():
             failures.append("rerunning the finished run did not say 'run complete'")
+        if not (work / "drilled" / "curves.png").exists():
+            failures.append("rerunning the finished run did not draw the curves a kill while closing lost")
         if (work / "drilled" / "metrics.jsonl").read_text() != before:
             failures.append("rerunning the finished run changed metrics.jsonl")
         runs, exact = runs + 1, exact + check_run(work, runs + 1, chain + ["no stop"], failures)

@@ -486,12 +486,14 @@ def test_resume_changes_allow_only_what_keeps_the_trajectory():
 
 @pytest.mark.slow
 def test_soak_drill_stops_at_random_points_and_resumes_exactly(tmp_path, monkeypatch):
-    """SIGKILL, SIGINT and SIGTERM once each, at random points of a tiny run (subprocesses on one CPU
-    device); the drill itself checks the final state, logs and TensorBoard against an uninterrupted run.
-    A failure prints the seed: `python scripts/soak_drill.py --kills 3 --seed N` replays its choices."""
+    """SIGKILL, SIGINT and SIGTERM, once and twice, each once, at random points of a tiny run (subprocesses
+    on one CPU device); the drill itself checks exit codes, leftovers, the final state, logs, TensorBoard
+    and a lost curves.png against an uninterrupted run. A failure prints the seed: `python
+    scripts/soak_drill.py --kills 5 --seed N` replays its choices."""
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     summary_path = tmp_path / "summary.json"
-    rc = load_drill().main(["--kills", "3", "--workdir", str(tmp_path), "--json", str(summary_path)])
+    drill = load_drill()
+    rc = drill.main(["--kills", str(len(drill.STOPS)), "--workdir", str(tmp_path), "--json", str(summary_path)])
     summary = json.loads(summary_path.read_text())
-    assert rc == 0 and summary["exact"] and summary["kills"] == 3, summary
+    assert rc == 0 and summary["exact"] and summary["kills"] == len(drill.STOPS), summary
     assert summary["runs_exact"] == summary["runs"] >= 1
