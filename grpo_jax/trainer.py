@@ -181,8 +181,8 @@ def check_prompts(cfg: Config, task: Task) -> None:
 
 def check_params(model: models.ModelConfig, params) -> None:
     """Raises unless `params` (passed in code) have the leaves of `model` (those of `models.init`), each
-    of its shape and of a floating dtype: others fail at the first update, or train a model that is not
-    the config's."""
+    of its shape, of a floating dtype and finite: others fail at the first update, train a model that is
+    not the config's, or skip every update (and checkpoint non-finite weights)."""
     name = lambda path: jax.tree_util.keystr(path, simple=True, separator="/")  # noqa: E731
     want = {name(p): x for p, x in jax.tree_util.tree_leaves_with_path(jax.eval_shape(
         lambda: models.init(model, jax.random.key(0))))}
@@ -206,6 +206,9 @@ def check_params(model: models.ModelConfig, params) -> None:
         if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"params {key} are {dtype}, not floating point: the optimizer updates them by "
                             f"gradients; cast the params to model.dtype={model.dtype!r}")
+        if not bool(jnp.isfinite(x).all()):
+            raise ValueError(f"params {key} hold non-finite values (NaN or inf): every update would be skipped "
+                             "as non-finite; pass finite params")
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))

@@ -233,7 +233,7 @@ def test_bad_examples_and_rewards_in_code_are_clear_errors_before_compiling(case
 
 def test_params_of_another_model_are_clear_errors_before_compiling(tmp_path, monkeypatch, unchecked):
     """Params passed in code: a missing leaf used to fail with a 40-line pytree dump, another width
-    trained anyway, and int32 params failed at the first update."""
+    trained anyway, int32 params failed at the first update, and NaN params skipped every update."""
     cfg = parse_args(argv(tmp_path))
     no_compiling(monkeypatch)
     params = models.init(cfg.model, jax.random.key(0))
@@ -251,6 +251,9 @@ def test_params_of_another_model_are_clear_errors_before_compiling(tmp_path, mon
     with pytest.raises(TypeError, match=r"params embed are int32, not floating point: .*cast the params to "
                                         "model.dtype='float32'"):
         trainer.Trainer(cfg, jax.tree.map(lambda x: x.astype(np.int32), params))
+    with pytest.raises(ValueError, match=r"params layers/q hold non-finite values \(NaN or inf\): every update would "
+                                         "be skipped"):
+        trainer.Trainer(cfg, {**params, "layers": {**params["layers"], "q": params["layers"]["q"].at[0, 0].set(np.nan)}})
 
 
 def test_prefix_grouper_on_a_dense_model_path_passes_the_checks(tmp_path):
