@@ -6,6 +6,7 @@ must not pay for jax or the algorithms."""
 
 import dataclasses
 import difflib
+import sys
 from typing import ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
@@ -45,13 +46,18 @@ class Registry(dict, Generic[T]):
                 return name
         raise KeyError(f"{params.__name__} is not the parameter class of any registered {self.kind}")
 
-    def params_class(self, name: str, params: type | None, base: type) -> type:
+    def params_class(self, name: str, params: type | None, base: type, module: str) -> type:
         """The parameter class `name` registers with: `params` (a frozen dataclass subclassing `base`,
         owned by this one name, so that a config value names its variant), or, for a variant without
-        parameters, an empty one made here."""
+        parameters, an empty one made here and bound in `module` (the registering function's), where
+        pickle finds it."""
         if params is None:
             cls_name = "".join(part.capitalize() for part in name.split("_"))
-            return dataclasses.make_dataclass(cls_name, [], bases=(base,), frozen=True)
+            cls_name += "Params" if hasattr(sys.modules[module], cls_name) else ""
+            params = dataclasses.make_dataclass(cls_name, [], bases=(base,), frozen=True)
+            params.__module__ = module
+            setattr(sys.modules[module], cls_name, params)
+            return params
         if not (isinstance(params, type) and issubclass(params, base) and dataclasses.is_dataclass(params)
                 and params.__dataclass_params__.frozen):
             raise TypeError(f"{self.kind} {name!r}: params={params!r} must be a frozen dataclass subclassing "

@@ -2,6 +2,7 @@
 class, and a parameter class names one variant. A variant added outside the library:
 tests/test_fork_variant.py."""
 
+import pickle
 
 import pytest
 
@@ -16,7 +17,7 @@ from grpo_jax.algorithms import (
     loss,
     reference,
 )
-from grpo_jax.algorithms import losses
+from grpo_jax.algorithms import AlgorithmConfig, losses
 from grpo_jax.algorithms.config import PARTS
 
 REGISTRIES = {"advantage": (ADVANTAGES, advantage, {}), "loss": (LOSSES, loss, dict(unit="token", ratio=True)),
@@ -50,12 +51,23 @@ def test_every_entry_declares_a_reference_and_its_parameters():
         assert not spec.needs_groups or spec.stats is not None, name
 
 
+def test_configs_pickle_with_every_part():
+    """A part without parameters has a class made at its registration, bound in its module for pickle."""
+    for base in PARTS.values():
+        for name in base.registry:
+            params = base.from_name(name)
+            assert pickle.loads(pickle.dumps(params)) == params, name
+    cfg = AlgorithmConfig.from_preset("gspo")
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+
+
 def test_a_parameter_class_names_one_variant():
     """A config value names its variant by its class: two names may not share one."""
     with pytest.raises(ValueError, match="Gspo is already the parameter class of 'gspo'; subclass it"):
-        loss("gspo_again", params=losses.Gspo, unit="sequence", ratio=True, reference=lambda *a: None)
+        loss("gspo_again", params=losses.Gspo, unit="sequence", ratio=True, reference=lambda *a: None)(lambda p, x: 0)
     with pytest.raises(TypeError, match="must be a frozen dataclass subclassing"):
-        loss("plain", params=dict, unit="token", ratio=True, reference=lambda *a: None)
+        loss("plain", params=dict, unit="token", ratio=True, reference=lambda *a: None)(lambda p, x: 0)
     with pytest.raises(ValueError, match="the ratio_clip kernel path reads a Clip's parameters"):
-        loss("kernel_without_clip", unit="token", ratio=True, reference=lambda *a: None, kernel="ratio_clip")
+        loss("kernel_without_clip", unit="token", ratio=True, reference=lambda *a: None,
+             kernel="ratio_clip")(lambda p, x: 0)
     assert "gspo_again" not in LOSSES and "plain" not in LOSSES

@@ -49,10 +49,9 @@ def aggregation(name: str, *, unit: str, over: str, reference: Callable, params:
     """Registers an aggregation under `name` with its parameter class (`AlgorithmConfig.aggregation`)."""
     if unit not in UNITS or over not in ("tokens", "sequences"):
         raise ValueError(f"aggregation {name!r}: unit must be one of {UNITS}, over 'tokens' or 'sequences'")
-    params = AGGREGATIONS.params_class(name, params, AggregationParams)
-
     def register(fn):
-        AGGREGATIONS.add(name, Aggregation(fn, params, unit, over, reference))
+        cls = AGGREGATIONS.params_class(name, params, AggregationParams, fn.__module__)
+        AGGREGATIONS.add(name, Aggregation(fn, cls, unit, over, reference))
         return fn
 
     return register

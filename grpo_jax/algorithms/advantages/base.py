@@ -52,11 +52,10 @@ def advantage(name: str, *, reference: Callable, params: type | None = None, nee
               learns_from_uniform_groups: bool = False, min_group_size: Callable | None = None,
               test_params: dict | None = None):
     """Registers an estimator under `name` with its parameter class (`AlgorithmConfig.advantage`)."""
-    params = ADVANTAGES.params_class(name, params, AdvantageParams)
-    params(**(test_params or {}))  # the test values must be valid parameters
-
     def register(fn):
-        ADVANTAGES.add(name, Advantage(fn, params, reference, needs_lengths, learns_from_uniform_groups,
+        cls = ADVANTAGES.params_class(name, params, AdvantageParams, fn.__module__)
+        cls(**(test_params or {}))  # the test values must be valid parameters
+        ADVANTAGES.add(name, Advantage(fn, cls, reference, needs_lengths, learns_from_uniform_groups,
                                        min_group_size, dict(test_params or {})))
         return fn
 

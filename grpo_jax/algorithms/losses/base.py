@@ -121,13 +121,12 @@ def loss(name: str, *, unit: str, ratio: bool, reference: Callable, params: type
         raise ValueError(f"loss {name!r}: step statistics `stats` need their float64 `stats_reference` (and vice versa)")
     if needs_groups and stats is None:
         raise ValueError(f"loss {name!r}: needs_groups=True is about its step statistics; declare `stats`")
-    params = LOSSES.params_class(name, params, LossParams)
-    if kernel == "ratio_clip" and not issubclass(params, Clip):
-        raise ValueError(f"loss {name!r}: the ratio_clip kernel path reads a Clip's parameters; subclass Clip")
-    params(**(test_params or {}))  # the test values must be valid parameters
-
     def register(fn):
-        LOSSES.add(name, LossSpec(fn, params, unit, ratio, kernel, reference, stats, stats_reference, needs_groups,
+        cls = LOSSES.params_class(name, params, LossParams, fn.__module__)
+        if kernel == "ratio_clip" and not issubclass(cls, Clip):
+            raise ValueError(f"loss {name!r}: the ratio_clip kernel path reads a Clip's parameters; subclass Clip")
+        cls(**(test_params or {}))  # the test values must be valid parameters
+        LOSSES.add(name, LossSpec(fn, cls, unit, ratio, kernel, reference, stats, stats_reference, needs_groups,
                                   on_policy, dict(test_params or {})))
         return fn
 
