@@ -34,8 +34,8 @@ final accuracy and the area in every seed (paired by seed), "partial" if ahead o
 of both, "not_reproduced" otherwise; "not_run" when an arm was not run. These are toy-scale readings
 (a 2-layer model, 60 steps) of claims made on 1.5B-32B models and math benchmarks.
 
-The results of the full study (experiments/results/preset_table) also rewrite the table in the README
-and docs/presets.md, between the grpo_jax.algorithms.presets_doc.STUDY_BEGIN / STUDY_END lines.
+The results of the full study (experiments/results/preset_table) also rewrite the table in
+docs/presets.md, between the grpo_jax.algorithms.presets_doc.STUDY_BEGIN / STUDY_END lines.
 """
 
 import json
@@ -55,8 +55,7 @@ import study
 from warm_start import WarmStart
 
 HERE = pathlib.Path(__file__).parent
-RESULTS = HERE / "results" / "preset_table"  # the committed study: its report rewrites the README and docs
-README = HERE.parent / "README.md"
+RESULTS = HERE / "results" / "preset_table"  # the committed study: its report rewrites docs/presets.md
 QUICK_ARMS = ("grpo", "dapo", "gmpo", "rloo", "mo_grpo")  # a clipped, a dynamic-sampling, a sequence, a
 # ratio-free and a two-reward preset
 PLOT_ARMS = 7  # presets per curves figure (the colour cycle has 10)
@@ -182,7 +181,7 @@ def ranking(summary: dict, label: str) -> str:
 
 def report(results: study.Results, results_dir: pathlib.Path) -> str:
     """The notes beside the table and a bar chart of final accuracy; for the committed study, the
-    table in the README and docs/presets.md."""
+    table in docs/presets.md."""
     summary = json.loads((results_dir / "summary.json").read_text())
     _, notes, not_run = arms_and_notes(summary["quick"])
     notes = {a: n for a, n in notes.items() if a in results}
@@ -206,7 +205,6 @@ def report(results: study.Results, results_dir: pathlib.Path) -> str:
             *(f"| {p} | not run: {w} |" + " |" * (len(TABLE) - 1) for p, w in not_run.items()),
             *lines,
         ])
-        README.write_text(with_study_table(README.read_text(), block))
         PRESETS_DOC.write_text(with_study_table(PRESETS_DOC.read_text(), block.replace("](experiments/", "](../experiments/")))
     return "\n".join(lines)
 

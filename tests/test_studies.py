@@ -189,8 +189,8 @@ def test_preset_table(tmp_path, monkeypatch):
     assert list(refused) == ["gspo"] and "does not split into train.minibatches=3" in refused["gspo"]
     monkeypatch.undo()
 
-    # Two arms through the study, as the committed one (whose report rewrites the README and the docs).
-    for name in ("README", "PRESETS_DOC"):
+    # Two arms through the study, as the committed one (whose report rewrites docs/presets.md).
+    for name in ("PRESETS_DOC",):
         copy = tmp_path / f"{name}.md"
         copy.write_text(getattr(preset_table, name).read_text())
         monkeypatch.setattr(preset_table, name, copy)
@@ -205,14 +205,14 @@ def test_preset_table(tmp_path, monkeypatch):
     verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
     assert verdicts["s_grpo"] == "not_run" and verdicts["gmpo"] in ("reproduced", "partial", "not_reproduced")
     assert (tmp_path / "results" / "final_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("README", "PRESETS_DOC"):
+    for name in ("PRESETS_DOC",):
         block = study_table(getattr(preset_table, name).read_text())
         assert all(f" {arm} |" in block for arm in s.arms) and "By final held-out accuracy: " in block
 
 
 def test_preset_table_tables_in_the_docs():
-    """The measured table sits between the markers of the README and docs/presets.md; rewriting it
-    keeps the rest of the file, and regenerating docs/presets.md keeps the table."""
+    """The measured table sits between the markers of docs/presets.md; rewriting it keeps the rest of
+    the file, and regenerating docs/presets.md keeps the table."""
     from grpo_jax.algorithms import presets_doc
 
     text = f"intro\n{presets_doc.STUDY_BEGIN}\nold\n{presets_doc.STUDY_END}\nrest\n"
@@ -221,8 +221,7 @@ def test_preset_table_tables_in_the_docs():
     assert presets_doc.study_table(new) == "| a | b |"
     with pytest.raises(ValueError, match="needs one"):
         presets_doc.with_study_table("no markers", "| a |")
-    for path in (pathlib.Path(__file__).parents[1] / "README.md", presets_doc.PATH):
-        assert path.read_text().count(presets_doc.STUDY_BEGIN) == 1
+    assert presets_doc.PATH.read_text().count(presets_doc.STUDY_BEGIN) == 1
     assert presets_doc.study_table(presets_doc.presets_markdown()) == presets_doc.study_table(presets_doc.PATH.read_text())
 
 def test_moe_routing(tmp_path):

@@ -1,9 +1,9 @@
 """Renders the presets table of docs/presets.md from PRESETS, so the docs cannot drift.
 
 Regenerate with `python -m grpo_jax.algorithms.presets_doc`; tests/test_algorithms_presets.py
-asserts the committed file equals `presets_markdown()` and that every preset has its source here.
+asserts the committed file equals `presets_markdown()` and that every preset names its source.
 The measured table of every preset (experiments/preset_table.py) sits between STUDY_BEGIN and
-STUDY_END, in docs/presets.md and in the README: that script rewrites it (`with_study_table`), and
+STUDY_END of docs/presets.md: that script rewrites it (`with_study_table`), and
 regenerating this file keeps it.
 """
 
