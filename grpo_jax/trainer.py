@@ -92,8 +92,7 @@ def build_task(
         if len(held) < tr.eval_prompts:
             raise ValueError(
                 f"{cfg.task.describe('held_out')} holds {len(held)} held-out examples, fewer than train.eval_prompts="
-                f"{tr.eval_prompts}: lower train.eval_prompts to at most {len(held)} (a multiple of the devices the "
-                "batch splits over), or add held-out examples"
+                f"{tr.eval_prompts}: lower train.eval_prompts to at most {len(held)}, or add held-out examples"
             )
         held = [held[i] for i in range(tr.eval_prompts)]
     run_rewards = cfg.reward.rewards(cfg.sampling.max_new_tokens, reward_fns)
@@ -312,13 +311,11 @@ class Trainer:
                 f"{cfg.model.vocab_size}: Config.tokenizer does not belong to this model"
             )
         self.shards = shards = math.prod(self.mesh.shape[a] for a in sharding.RULES["batch"])
-        evals = (("train.eval_prompts", tr.eval_prompts),) if self.task.held_out is not None else ()
-        for name, n in (("a minibatch", self.rows // tr.minibatches), *evals):
-            if n % shards:
-                raise ValueError(
-                    f"{name} of {n} rows does not split over the {shards} devices of the batch mesh axes "
-                    f"{sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
-                )
+        if self.rows // tr.minibatches % shards:  # (a held-out set of any size is padded: evaluate_examples)
+            raise ValueError(
+                f"a minibatch of {self.rows // tr.minibatches} rows does not split over the {shards} devices of the "
+                f"batch mesh axes {sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
+            )
         if tr.packing and self.rows // tr.minibatches % (shards * tr.micro_batches):
             raise ValueError(
                 f"train.packing=True packs each device's share of each micro-batch, but a minibatch of "
@@ -592,17 +589,23 @@ class Trainer:
         return self.evaluate_examples()[0]
 
     def evaluate_examples(self) -> tuple[dict, list[dict]]:
-        """(held-out metrics, one JSON-ready dict of results per held-out example)."""
+        """(held-out metrics, one JSON-ready dict of results per held-out example). A set of any size runs
+        on any mesh: it is padded with copies of its first example to a multiple of the batch devices,
+        and the padding's rows enter no metric and no record (no problem is dropped or counted twice)."""
         examples, n = self.task.held_out, self.cfg.train.eval_samples
         rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
+        padded = [*examples, *[examples[0]] * (-len(examples) % self.shards)]
         out = {}
         for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
             scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
-            s = self.sample(examples, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
+            s = self.sample(padded, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
+            real = len(examples) * g  # rows are prompt-major: the padding's come last
+            s = {**s, "rewards": s["rewards"][:real], "lengths": s["lengths"][:real],
+                 "correct": None if s["correct"] is None else s["correct"][:real]}
             total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), s["lengths"]
             out.update(evaluation.summarize(mode, g, total, lengths, s["correct"]))
             if greedy:  # every example's completion, whichever process sampled it
-                tokens = sharding.gather(s["rollout"].tokens)
+                tokens = sharding.gather(s["rollout"].tokens)[:real]
                 completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
             for i, row in enumerate(rows):
                 group = slice(i * g, (i + 1) * g)

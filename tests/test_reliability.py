@@ -118,7 +118,6 @@ BAD_INPUTS = {
     "sizes that do not divide": (["train.minibatches=3"], None, ValueError, "does not split into train.minibatches=3"),
     "one sample per prompt": (["sampling.group_size=1"], None, ValueError, "group advantages need at least 2"),
     "mesh larger than the devices": (["mesh.data=16"], None, ValueError, "needs 16 devices, there are 8"),
-    "eval prompts over devices": (["train.eval_prompts=4"], None, ValueError, "train.eval_prompts of 4 rows does not split"),
     "tokenizer larger than the vocabulary": (["model.vocab_size=8"], None, ValueError, "vocab_size is 8: Config.tokenizer does not belong"),
     "missing tokenizer": (["tokenizer=/nonexistent/tok"], None, FileNotFoundError, "expected a Hugging Face tokenizer directory"),
     "missing model_path": (["model=none", "model_path=/nonexistent/model"], None, FileNotFoundError,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fault_rewards
-from grpo_jax import algorithms, checkpoint, data, models, run, trainer
+from grpo_jax import algorithms, checkpoint, data, evaluation, models, run, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig, flatten
 from grpo_jax.data import CharTokenizer
@@ -541,3 +541,23 @@ def test_a_second_sigterm_exits_143_and_is_raised_again_where_it_was_swallowed()
         with pytest.raises(SystemExit) as stopped:
             interrupts.unless_abandoned()
     assert stopped.value.code == 143 and interrupts.abandoned == "second SIGTERM: abandoned the step in flight, unsaved"
+
+
+def test_a_held_out_set_of_prime_size_evaluates_on_8_devices_each_problem_once(tmp_path):
+    """5 problems on 8 devices: padded to 8 with copies of the first, whose rows enter no metric and no
+    record; the metrics recomputed from the per-problem records equal the reported ones."""
+    cfg = own_data_config(tmp_path / "run", prompts_per_step=4, minibatches=1, eval_prompts=5)
+    cfg = dataclasses.replace(cfg, mesh=MeshConfig(data=-1))
+    t = trainer.Trainer(cfg, examples=SUMS, held_out=SUMS[:5], rewards={"sum": Reward(exact_sum, correctness=True)})
+    assert t.shards == 8
+    metrics, records = t.evaluate_examples()
+    assert [r["index"] for r in records] == [0, 1, 2, 3, 4] and [r["prompt"] for r in records] == [
+        ex["prompt"] for ex in SUMS[:5]]
+    greedy = [r["greedy"]["correct"] for r in records]
+    sampled = np.array([r["sampled"]["correct"] for r in records])
+    n = cfg.train.eval_samples
+    assert metrics["eval/accuracy_greedy"] == pytest.approx(np.mean(greedy))
+    assert metrics["eval/accuracy_sampled"] == pytest.approx(sampled.sum() / (5 * n))
+    assert metrics["eval/pass@4"] == pytest.approx(np.mean(evaluation.pass_at_k(n, sampled, 4)))
+    assert metrics["eval/reward_sampled"] == pytest.approx(
+        np.mean([r["sampled"]["reward_mean"] for r in records]))

@@ -22,9 +22,7 @@ What the paper states, and where it is set here:
 What the paper does not state, and what we chose (change them here, or with --set):
 - data and reward: math only (AIME'24 is one of its three benchmarks; LiveCodeBench and CodeForces
   need a code sandbox this repository does not have), MATH-format files, boxed-answer reward;
-  the held-out set must hold train.eval_prompts=64 problems, a multiple of the 32-way batch axis:
-  AIME'24's 30 are refused at the start until evaluation pads a set to the mesh, so evaluate on a
-  larger one (e.g. MATH500);
+  evaluation on AIME'24's 30 problems (padded to the 32-way batch axis, the padding counted nowhere);
 - batch: 64 prompts x G=16 completions a step (1024), so a minibatch is 256 completions, run as 8
   micro-batches of 32: one row per device of the 32-way batch axis;
 - lengths: prompts <= 1024 tokens, completions <= 8192 (the paper grows its generation length during
@@ -72,7 +70,7 @@ def get_config() -> Config:
         reward=RewardConfig(names=("math",), weights=(1.0,), num_workers=16),
         optim=OptimConfig(learning_rate=1e-6, warmup_steps=10, weight_decay=0.01, max_grad_norm=1.0),
         train=TrainConfig(
-            steps=1000, prompts_per_step=64, minibatches=4, micro_batches=8, eval_every=50, eval_prompts=64,
+            steps=1000, prompts_per_step=64, minibatches=4, micro_batches=8, eval_every=50, eval_prompts=30,
             out_dir="runs/gspo_paper/gspo", checkpoint_every=25, keep_checkpoints=2,
         ),
     )
