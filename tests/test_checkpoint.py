@@ -178,3 +178,27 @@ def test_a_full_disk_is_one_sentence_naming_the_step_and_the_fix(tmp_path, monke
     with pytest.raises(OSError, match=r"the disk of .* is full: checkpoint step 2 was not saved \(the last intact one "
                                       r"is step 1\); free space or set train.out_dir elsewhere, then rerun"):
         ckpt.save(2, _state(2), {"position": 2})
+
+
+def test_any_checkpointed_step_exports_as_a_hugging_face_directory(tmp_path):
+    """Not only the final policy: step 1 and step 2 of a run, each equal to its checkpoint's params."""
+    import pytest
+
+    from grpo_jax import export, models, run
+    from test_trainer import config
+
+    cfg = config(tmp_path, steps=2, checkpoint_every=1, keep_checkpoints=2)
+    run.train(cfg)
+    ckpt = Checkpointer(tmp_path / "checkpoints", 1, 2)
+    exported = {}
+    for step in (1, 2):
+        path = export.export_step(cfg, step)
+        assert path == tmp_path / f"hf-step-{step}"
+        _, exported[step] = models.load_hf(path)
+        saved = ckpt.restore(None, step)[0]["train"]["params"]
+        for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(exported[step])):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(exported[1]["embed"], exported[2]["embed"])  # two different policies
+    with pytest.raises(ValueError, match=r"holds no intact checkpoint of step 5; its intact steps: \[1, 2\]"):
+        export.export_step(cfg, 5)
+    ckpt.close()

@@ -1,0 +1,57 @@
+"""Any checkpointed step of a run as a Hugging Face directory (config.json, safetensors, the tokenizer):
+
+    python -m grpo_jax.export --config experiments/configs/NAME.py [--set ...] [--step N] [--out DIR]
+
+The run's own command (its config and `--set`s), plus the step (default: the newest intact one); the
+directory defaults to `train.out_dir/hf-step-N`. A config that would make the checkpoint another run's
+is refused, as on resume. Under LoRA the adapters are merged into the base, as `train.export_hf` does
+for the final policy.
+"""
+
+import argparse
+import pathlib
+import sys
+
+from grpo_jax import checkpoint, run, trainer
+from grpo_jax.config import Config, override
+from grpo_jax.train import load_config
+
+
+def export_step(cfg: Config, step: int | None = None, out: str | pathlib.Path | None = None, params=None,
+                **data) -> pathlib.Path:
+    """Writes checkpoint `step` of the run `cfg` (params and data as `run.train` takes them) as an HF
+    directory; returns its path."""
+    t = trainer.Trainer(cfg, params, **data)
+    tr = t.cfg.train
+    ckpt = checkpoint.Checkpointer(pathlib.Path(tr.out_dir) / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
+    try:
+        latest = ckpt.latest_intact()
+        step = latest if step is None else step
+        if step is None or step not in ckpt.all_steps() or ckpt.problem(step) is not None:
+            raise ValueError(f"{ckpt.directory} holds no intact checkpoint of step {step}; its intact steps: "
+                             f"{[s for s in ckpt.all_steps() if ckpt.problem(s) is None]}")
+        run.check_resume(ckpt.read_meta(step)["config"], t.cfg, ckpt.directory)
+        t.restore(ckpt, step)
+    finally:
+        ckpt.close()
+    out = pathlib.Path(out) if out else pathlib.Path(tr.out_dir) / f"hf-step-{step}"
+    checkpoint.export_hf(t.cfg.model, t.export_params(), out, tokenizer_dir=t.source_path)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m grpo_jax.export", description=__doc__)
+    parser.add_argument("--config", required=True, help="the run's experiment file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's overrides")
+    parser.add_argument("--step", type=int, help="the checkpointed step (default: the newest intact one)")
+    parser.add_argument("--out", help="the directory to write (default: train.out_dir/hf-step-N)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_step(override(load_config(args.config), args.set), args.step, args.out)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"python -m grpo_jax.export: error: {e}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
