@@ -148,12 +148,13 @@ class Checkpointer:
         """`latest_intact`'s work, on process 0: (the step, or None), or (None, what damaged them all)."""
         problems = {}
         for step in reversed(self.all_steps()):
-            if not (self.directory / str(step) / CHECKSUMS).exists():
+            problems[step] = self.problem(step)
+            if problems[step] == NO_CHECKSUMS:  # whole: checksummed now, from the files it is taken from
                 log.warning("checkpoint step %d in %s has no %s (saved by an older grpo_jax, or stopped before its "
                             "checksums): orbax finished it, so it is whole; checksumming it now", step,
                             self.directory, CHECKSUMS)
                 self._write_checksums(step)
-            problems[step] = self.problem(step)
+                problems[step] = None
             if problems[step] is None:
                 break
         damaged = {s: p for s, p in problems.items() if p is not None}

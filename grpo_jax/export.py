@@ -24,12 +24,16 @@ def export_step(cfg: Config, step: int | None = None, out: str | pathlib.Path | 
     t = trainer.Trainer(cfg, params, **data)
     tr = t.cfg.train
     ckpt = checkpoint.Checkpointer(pathlib.Path(tr.out_dir) / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
+    whole = lambda s: ckpt.problem(s) in (None, checkpoint.NO_CHECKSUMS)  # noqa: E731  (as latest_intact takes it)
     try:
-        latest = ckpt.latest_intact()
-        step = latest if step is None else step
-        if step is None or step not in ckpt.all_steps() or ckpt.problem(step) is not None:
+        if step is None:
+            step = ckpt.latest_intact()  # verified there
+            intact = step is not None
+        else:
+            intact = step in ckpt.all_steps() and whole(step)
+        if not intact:
             raise ValueError(f"{ckpt.directory} holds no intact checkpoint of step {step}; its intact steps: "
-                             f"{[s for s in ckpt.all_steps() if ckpt.problem(s) is None]}")
+                             f"{[s for s in ckpt.all_steps() if whole(s)]}")
         run.check_resume(ckpt.read_meta(step)["config"], t.cfg, ckpt.directory)
         t.restore(ckpt, step)
     finally:
