@@ -75,14 +75,13 @@ class SamplingConfig:
     # Never stop early: every row runs to max_new_tokens, past eos (benchmarks: fixed work per step;
     # evaluation of a fixed length). The eos a row emits stays in its completion and mask.
     ignore_eos: bool = False
-    # The KV cache grows in up to this many equal segments of at least 32 new tokens, so that a decode
-    # step attends to about the slots written so far rather than to the final length (measured by
-    # bench/cache_segments.py). Each segment compiles its own decode loop; 1: the whole cache up front.
-    cache_segments: int = 4
+    # Rows decoded at once (continuous batching: a slot whose row finishes takes the next queued row);
+    # 0: all rows of a rollout at once. Samples do not depend on it (bench/long_tail.py measures it).
+    decode_slots: int = 0
 
     def __post_init__(self):
         _check("SamplingConfig", {
-            "cache_segments": (self.cache_segments >= 1, "must be >= 1 (1: allocate the whole KV cache up front)"),
+            "decode_slots": (self.decode_slots >= 0, "must be >= 0 (0: decode all rows of a rollout at once)"),
             "max_prompt_len": (self.max_prompt_len >= 1, "must be >= 1"),
             "max_new_tokens": (self.max_new_tokens >= 1, "must be >= 1"),
             "group_size": (self.group_size >= 1, "must be >= 1 (completions per prompt)"),
@@ -278,9 +277,10 @@ RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
-    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.cache_segments",
+    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
     "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
     "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before
+    "sampling.cache_segments",  # the segmented KV cache's option until continuous batching (2026-11-27)
 )
 
 

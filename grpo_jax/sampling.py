@@ -1,14 +1,17 @@
-"""Rollouts: jitted prefill + decode over a KV cache; the G samples of a prompt share its prefill.
+"""Rollouts: continuous batching over a fixed set of decode slots, each prompt's KV cache stored once.
 
-`generate` prefills each distinct prompt once, repeats its cache G times along the batch and decodes the
-P*G rows in `jax.lax.while_loop`s that exit as soon as every row has emitted a stop token: one loop per
-segment of the new tokens, each over a cache grown to the slots that segment can reach. Every
-row draws from its own key, derived from (rng, prompt index, sample index, step), so a seed gives the
-same samples whatever the batch composition or the sharding.
+`rollout` encodes each distinct prompt once (`models.prefill`), draws every row's first token from it,
+and decodes the P*G rows on `SamplingConfig.decode_slots` slots in one `jax.lax.while_loop`: a slot
+whose row finishes takes the next queued row, so short completions never wait for the longest. A
+slot attends to its prompt's shared keys and values and to its own tokens, only as far as they are
+written (`models.decode`). Every row draws from its own key, derived from (rng, prompt index, sample
+index, token index), and its computation never mixes with its neighbours', so a seed gives the same
+samples whatever the slots, the batch composition or the sharding.
 """
 
 import dataclasses
 import functools
+import math
 import typing
 
 import jax
@@ -165,69 +168,6 @@ def _first_reaching(cum, weights, target):
     return jnp.argmax((cum >= jnp.minimum(target, last)[:, None]) & (weights > 0), axis=-1)
 
 
-def segment_ends(sampling_cfg: SamplingConfig) -> tuple[int, ...]:
-    """Where the decode loop's segments end, in new tokens: `cache_segments` equal parts of
-    `max_new_tokens`, fewer where a part would be shorter than `MIN_SEGMENT` tokens."""
-    steps = sampling_cfg.max_new_tokens
-    n = max(1, min(sampling_cfg.cache_segments, steps // MIN_SEGMENT))
-    return tuple(-(-steps * (i + 1) // n) for i in range(n))
-
-
-MIN_SEGMENT = 32  # shorter segments save less attention than their compile and cache copies cost
-
-
-def decode(
-    step,
-    carry,
-    logits: Float[Array, "batch vocab"],
-    keys: Key[Array, "batch"],
-    stop_ids: tuple[int, ...],
-    sampling_cfg: SamplingConfig,
-    grow=lambda carry, end: carry,
-) -> tuple[Rollout, object]:
-    """Samples up to `max_new_tokens` per row; `step(carry, tokens, t) -> (logits, carry)` feeds token t.
-
-    `logits` are those for the first new token (from the prefill). The loop stops as soon as every row
-    has emitted one of `stop_ids`; finished rows keep running in lock-step (static shapes) but their
-    outputs are masked. It runs in segments (`segment_ends`); `grow(carry, end)` prepares the carry
-    for a segment that feeds tokens up to `end - 2` (the sampler grows its KV cache, so that a step
-    attends to the slots its segment can have written, not to the final length). Returns the
-    rollout and the final carry.
-    """
-    batch, steps = keys.shape[0], sampling_cfg.max_new_tokens
-    stop = jnp.asarray(stop_ids, jnp.int32)
-
-    def emit(state, logits, t):
-        tokens, logprobs, lengths, done = state
-        token, logprob = sample(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, t), sampling_cfg)
-        live = ~done
-        tokens = tokens.at[:, t].set(jnp.where(live, token, 0))
-        logprobs = logprobs.at[:, t].set(jnp.where(live, logprob, 0.0))
-        stopped = live & jnp.isin(token, stop) if stop_ids else jnp.zeros_like(live)  # () with ignore_eos
-        return (tokens, logprobs, lengths + live, done | stopped), token
-
-    out = (jnp.zeros((batch, steps), jnp.int32), jnp.zeros((batch, steps), jnp.float32),
-           jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), bool))
-    out, token = emit(out, logits, 0)
-
-    def body(loop):
-        t, out, token, carry = loop
-        logits, carry = step(carry, token, t - 1)
-        out, token = emit(out, logits, t)
-        return t + 1, out, token, carry
-
-    loop = (jnp.int32(1), out, token, carry)
-    for end in segment_ends(sampling_cfg):
-        def cond(loop, end=end):
-            t, (_, _, _, done), _, _ = loop
-            return (t < end) & ~jnp.all(done)
-
-        loop = jax.lax.while_loop(cond, body, (*loop[:3], grow(loop[3], end)))
-    _, (tokens, logprobs, lengths, done), _, carry = loop
-    mask = jnp.arange(steps) < lengths[:, None]
-    return Rollout(tokens, mask, logprobs, lengths, ~done), carry
-
-
 def generate(
     cfg: ModelConfig,
     params,
@@ -280,39 +220,14 @@ def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConf
     return stop_ids
 
 
-def prefill(
-    cfg: ModelConfig, params, prompts: Prompts, group_size: int, cache_len: int
-) -> tuple[Float[Array, "batch vocab"], Cache]:
-    """Runs each distinct prompt once, then repeats its cache and next-token logits `group_size` times."""
-    width = prompts.tokens.shape[1]
-    slot = jnp.arange(width, dtype=jnp.int32)
-    start = width - prompts.lengths[:, None]  # left padding
-    segment_ids = (slot >= start).astype(jnp.int32)
-    positions = jnp.maximum(slot - start, 0)
-    cache = models.init_cache(cfg, prompts.tokens.shape[0], cache_len)
-    hidden, cache, _ = models.extend(cfg, params, prompts.tokens, positions, segment_ids, cache, 0)
-    logits = models.unembed(cfg, params, hidden[:, -1])
-    return jnp.repeat(logits, group_size, axis=0), models.repeat_cache(cfg, cache, group_size)
-
-
-def decode_step(
-    cfg: ModelConfig, params, cache: Cache, tokens: Int[Array, "batch"],
-    positions: Int[Array, "batch"], index: Int[Array, ""],
-) -> tuple[Float[Array, "batch vocab"], Cache]:
-    """Feeds one token per row at cache slot `index`; returns the logits of the next one."""
-    ones = jnp.ones_like(tokens)[:, None]
-    hidden, cache, _ = models.extend(cfg, params, tokens[:, None], positions[:, None], ones, cache, index)
-    return models.unembed(cfg, params, hidden[:, 0]), cache
-
-
 def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
-    """The weights the decode loops read, cast to the compute dtype and, on a mesh, gathered over fsdp
-    once, before the prefill: XLA hoists a loop's cast and gathers of a loop-invariant weight out of it,
-    a copy per decode loop (one loop per segment of a growing cache: unrolled, a copy of every weight
-    per segment, measured by the memory plan of bench/scale_plan.py). Unrolled, every weight is
-    loop-invariant, then sliced per layer (`models.unstack_layers`); under the layer scan only those
-    outside the layer stacks are (the embeddings; cast before the gather, so the gathered copy is in
-    the compute dtype), each layer's weights being sliced, cast and gathered inside the scan."""
+    """The weights the decode loop reads, cast to the compute dtype and, on a mesh, gathered over fsdp
+    once, before the prefill: XLA would otherwise hoist a cast and gather of each loop-invariant weight
+    out of the loop as a copy of its own (measured by the memory plan of bench/scale_plan.py).
+    Unrolled, every weight is loop-invariant, then sliced per layer (`models.unstack_layers`); under
+    the layer scan only those outside the layer stacks are (the embeddings; cast before the gather, so
+    the gathered copy is in the compute dtype), each layer's weights being sliced, cast and gathered
+    inside the scan."""
     unrolled = models.layers_unrolled(cfg)
     once = {name: tree for name, tree in params.items() if unrolled or name not in models.LAYER_STACKS}
     once = jax.tree.map(lambda a: a.astype(cfg.jnp_compute_dtype), once)
@@ -322,34 +237,161 @@ def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
     return models.unstack_layers(params) if unrolled else params
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def lanes(mesh: Mesh | None, rows: int, slots: int) -> int:
+    """The number of lanes of a rollout: the devices its rows are split over (1 without a mesh). Each
+    lane decodes its own consecutive block of rows, on its own slots, from its own copy of their prompts."""
+    n = 1 if mesh is None else math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    if rows % n or slots % n:
+        raise ValueError(
+            f"{rows} rows and {slots} decode slots (SamplingConfig.decode_slots) must both divide over the "
+            f"{n} devices of the batch mesh axes: change the batch size, decode_slots or the mesh")
+    return n
+
+
+def lane_prompts(num_prompts: int, group_size: int, num_lanes: int) -> np.ndarray:
+    """[lanes, prefixes per lane]: the prompts each lane encodes, those of its rows (row p*G + g is
+    sample g of prompt p); lanes with fewer repeat their last prompt (encoded, never read)."""
+    per = num_prompts * group_size // num_lanes
+    first = [d * per // group_size for d in range(num_lanes)]
+    width = max(((d + 1) * per - 1) // group_size - first[d] + 1 for d in range(num_lanes))
+    return np.minimum(np.asarray(first)[:, None] + np.arange(width), num_prompts - 1)
+
+
+def generate(
+    cfg: ModelConfig,
+    params,
+    prompts: Prompts,
+    rng: Key[Array, ""],
+    sampling_cfg: SamplingConfig,
+    mesh: Mesh | None = None,
+) -> Rollout:
+    """`group_size` completions of every prompt, stopping at `cfg.eos_token_id` or `stop_tokens`.
+
+    With a mesh, pass params placed by `grpo_jax.models.shard_params`; rows, slots and prompts are
+    sharded by the `batch` rule (data, fsdp), kv heads by `kv_heads` (tensor). Compiled once per
+    (configs, mesh, number of prompts).
+    """
+    stop_ids = check_prompts(cfg, prompts, sampling_cfg)
+    return rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames=("processor",))
 def rollout(
     cfg: ModelConfig, sampling_cfg: SamplingConfig, stop_ids: tuple[int, ...], mesh: Mesh | None,
-    params, prompts: Prompts, rng: Key[Array, ""],
+    params, prompts: Prompts, rng: Key[Array, ""], processor=None,
 ) -> Rollout:
     """The jitted body of `generate`, callable inside another jit; `stop_ids` from `check_prompts`.
-    On a mesh, the model's activations are pinned by the sharding rules."""
+
+    Continuous batching over `decode_slots` slots (all rows when 0), in lanes (`lanes`): each lane
+    encodes the prompts of its rows once (`models.prefill`), draws every row's first token from them,
+    and queues the rows that go on. A slot takes the next queued row of its lane when its own finishes,
+    so a short completion never waits for the longest; the loop ends when the queues are empty and
+    every slot is idle. A row's key (`row_keys`, then its token index) and its computation do not
+    depend on the slot it runs in or on the rows beside it (`models.decode`): its tokens and log-probs
+    are the same whatever its neighbours, and for another number of slots (other matmul shapes) the
+    same up to float rounding.
+
+    `processor(logits [slots, V], rows [slots], index [slots]) -> logits`, optional and static: edits
+    each step's logits of the token `index` of row `rows` (global row ids) before sampling, like a
+    `transformers` LogitsProcessor; bench/long_tail.py forces completion lengths with it.
+    On a mesh, the model's activations are pinned by the sharding rules.
+    """
     with sharding.activation_rules(mesh):
-        width, group = prompts.tokens.shape[1], sampling_cfg.group_size
-        params = _decoding_params(cfg, params, mesh)
-        logits, cache = prefill(cfg, params, prompts, group, width)
-        lengths = jnp.repeat(prompts.lengths, group)
-        shard = rows = lambda x: x  # noqa: E731
-        if mesh is not None:  # fix the layouts of the cache and the rows through the loop
-            shard = lambda cache: jax.lax.with_sharding_constraint(  # noqa: E731
-                cache, models.cache_shardings(cfg, mesh, lengths.shape[0], cache["segment_ids"].shape[1]))
-            rows = lambda tree: jax.tree.map(  # noqa: E731
+        num_prompts, width = prompts.tokens.shape
+        g, steps = sampling_cfg.group_size, sampling_cfg.max_new_tokens
+        n = num_prompts * g
+        num_slots = min(sampling_cfg.decode_slots or n, n)
+        d = lanes(mesh, n, num_slots)
+        per, lane_slots = n // d, num_slots // d
+        on_lanes = lambda tree: tree  # noqa: E731
+        if mesh is not None:
+            on_lanes = lambda tree: jax.tree.map(  # noqa: E731
                 lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), tree)
 
-        def step(cache, tokens, t):  # token t of the completion sits at slot width + t, position length + t
-            logits, cache = decode_step(cfg, params, cache, tokens, lengths + t, width + t)
-            return rows(logits), shard(cache)
+        # every lane encodes its rows' prompts once
+        params = _decoding_params(cfg, params, mesh)
+        prefixes = lane_prompts(num_prompts, g, d)
+        lane_tokens, lane_lengths = prompts.tokens[prefixes.ravel()], prompts.lengths[prefixes.ravel()]
+        slot = jnp.arange(width, dtype=jnp.int32)
+        start = width - lane_lengths[:, None]  # left padding
+        valid = slot >= start
+        hidden, kv, encoded = models.prefill(cfg, params, lane_tokens, jnp.maximum(slot - start, 0), valid.astype(jnp.int32))
+        first_logits = models.unembed(cfg, params, hidden[:, -1])
+        cache = models.init_cache(cfg, kv, valid, num_slots, models.slot_cache_len(max(steps - 1, 1)))
+        if mesh is not None:
+            cache = jax.lax.with_sharding_constraint(cache, models.cache_shardings(
+                cfg, mesh, num_slots, models.slot_cache_len(max(steps - 1, 1)), *valid.shape))
 
-        keys = row_keys(rng, prompts.tokens.shape[0], group)
-        def grow(cache, end):  # a segment feeding tokens up to end - 2 writes slots up to width + end - 2
-            return shard(models.grow_cache(cfg, cache, width + end - 1))
+        # each row: its prefix within its lane, prompt length, key; its first token from the prefill
+        row = np.arange(n).reshape(d, per)
+        prefix_of = jnp.asarray(row // g - prefixes[:, :1])  # [lanes, rows per lane]
+        prompt_len = on_lanes(jnp.take_along_axis(lane_lengths.reshape(d, -1), prefix_of, axis=1))
+        keys = on_lanes(row_keys(rng, num_prompts, g).reshape(d, per))
+        logits = first_logits.reshape(d, -1, first_logits.shape[-1])[jnp.arange(d)[:, None], prefix_of]
+        logits = logits.reshape(n, -1)
+        if processor is not None:
+            logits = processor(logits, jnp.arange(n), jnp.zeros(n, jnp.int32))
+        first, logprob = sample(logits, jax.vmap(jax.random.fold_in, (0, None))(keys.ravel(), 0), sampling_cfg)
+        first, logprob = on_lanes((first.reshape(d, per), logprob.reshape(d, per)))
+        stopped = jnp.isin(first, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros((d, per), bool)
+        queue = jnp.argsort(stopped, axis=1, stable=True)  # the rows that go on, in order
+        queued = jnp.sum(~stopped, axis=1) if steps > 1 else jnp.zeros(d, jnp.int32)
+        out = on_lanes(dict(
+            tokens=jnp.zeros((d, per, steps), jnp.int32).at[:, :, 0].set(first),
+            logprobs=jnp.zeros((d, per, steps), jnp.float32).at[:, :, 0].set(logprob),
+            lengths=jnp.ones((d, per), jnp.int32), stopped=stopped,
+        ))
+        if "routes" in encoded:  # the experts of each completion token, recorded as it is fed (R3)
+            moe, k = encoded["routes"].shape[0], encoded["routes"].shape[-1]
+            out["routes"] = on_lanes(jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (d, per, moe, steps - 1, k)))
 
-        out, cache = decode(step, cache, rows(logits), keys, stop_ids, sampling_cfg, grow)
-        if "routes" in cache:  # slot s holds token s of [prompt, completion]: the Batch layout
-            out = dataclasses.replace(out, routes=jnp.moveaxis(cache["routes"], 1, 0))
-        return rows(out)
+        def refill(state):  # free slots take their lane's next queued rows, in slot order
+            rows, emitted, last, head = state
+            free = rows == per
+            rank = jnp.cumsum(free, axis=1) - 1
+            take = free & (head[:, None] + rank < queued[:, None])
+            new = jnp.take_along_axis(queue, jnp.clip(head[:, None] + rank, 0, per - 1), axis=1)
+            return (jnp.where(take, new, rows), jnp.where(take, 1, emitted),
+                    jnp.where(take, jnp.take_along_axis(first, new, axis=1), last), head + jnp.sum(take, axis=1))
+
+        lane_of = jnp.arange(d)[:, None]
+
+        def body(loop):
+            (rows, emitted, last, head), out, cache = loop
+            live = rows < per
+            at = jnp.minimum(rows, per - 1)
+            written = jnp.where(live, emitted - 1, 0)  # own tokens in the cache: all but the last emitted
+            positions = prompt_len[lane_of, at] + emitted - 1
+            hidden, cache, aux = models.decode(cfg, params, cache, last.ravel(), positions.ravel(), written.ravel(),
+                                               prefix_of[lane_of, at])
+            logits = models.unembed(cfg, params, hidden)
+            if processor is not None:
+                logits = processor(logits, (lane_of * per + at).ravel(), emitted.ravel())
+            step_keys = jax.vmap(jax.random.fold_in)(keys[lane_of, at].ravel(), emitted.ravel())
+            token, logprob = (a.reshape(d, lane_slots) for a in sample(logits, step_keys, sampling_cfg))
+            stop = live & jnp.isin(token, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(live)
+            put = jax.vmap(lambda a, r, i, x: a.at[r, i].set(x, mode="drop"))  # idle slots (row `per`) write nothing
+            out = dict(out, tokens=put(out["tokens"], rows, emitted, token), logprobs=put(out["logprobs"], rows, emitted, logprob))
+            if "routes" in out:  # aux routes [moe_layers, slots, 1, k] of the token fed, number emitted - 1
+                fed = jnp.moveaxis(aux["routes"][:, :, 0], 0, 1).reshape(d, lane_slots, moe, k)
+                out["routes"] = jax.vmap(lambda a, r, i, x: a.at[r, :, i].set(x, mode="drop"))(
+                    out["routes"], rows, emitted - 1, fed)
+            emitted = emitted + live
+            done = live & (stop | (emitted == steps))
+            ended = jnp.where(done, rows, per)
+            out["lengths"] = jax.vmap(lambda a, r, x: a.at[r].set(x, mode="drop"))(out["lengths"], ended, emitted)
+            out["stopped"] = jax.vmap(lambda a, r, x: a.at[r].set(x, mode="drop"))(out["stopped"], ended, stop)
+            rows = jnp.where(done, per, rows)
+            return on_lanes(refill((rows, emitted, token, head))), on_lanes(out), cache
+
+        idle = jnp.full((d, lane_slots), per, jnp.int32)
+        state = on_lanes(refill((idle, jnp.zeros_like(idle), jnp.zeros_like(idle), jnp.zeros(d, jnp.int32))))
+        _, out, _ = jax.lax.while_loop(lambda loop: jnp.any(loop[0][0] < per), body, (state, out, cache))
+
+        flat = jax.tree.map(lambda a: a.reshape(n, *a.shape[2:]), out)
+        mask = jnp.arange(steps) < flat["lengths"][:, None]
+        routes = None
+        if "routes" in flat:  # [prompt, completion] without its last token: the train Batch's layout
+            prompt_routes = jnp.moveaxis(encoded["routes"], 0, 1)[(lane_of * prefixes.shape[1] + prefix_of).ravel()]
+            routes = jnp.concatenate([prompt_routes, flat["routes"]], axis=2)
+        return on_lanes(Rollout(flat["tokens"], mask, flat["logprobs"], flat["lengths"], ~flat["stopped"], routes))

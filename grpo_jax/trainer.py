@@ -316,6 +316,12 @@ class Trainer:
                 f"a minibatch of {self.rows // tr.minibatches} rows does not split over the {shards} devices of the "
                 f"batch mesh axes {sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
             )
+        if cfg.sampling.decode_slots % shards:
+            raise ValueError(
+                f"sampling.decode_slots={cfg.sampling.decode_slots} does not split over the {shards} devices of the "
+                f"batch mesh axes {sharding.RULES['batch']}: each device decodes its rows on its own share of the "
+                "slots; make it a multiple of that (0: all rows at once)"
+            )
         if tr.packing and self.rows // tr.minibatches % (shards * tr.micro_batches):
             raise ValueError(
                 f"train.packing=True packs each device's share of each micro-batch, but a minibatch of "

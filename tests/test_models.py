@@ -102,7 +102,6 @@ def torch_logits(model, tokens, seg, pos):
 
 jit_logits = jax.jit(models.logits, static_argnums=0)
 jit_forward = jax.jit(models.forward, static_argnums=0)
-jit_extend = jax.jit(models.extend, static_argnums=0)
 
 
 @pytest.mark.parametrize("kind,tie", CASES)
@@ -138,8 +137,14 @@ def test_packed_segments_equal_separate_rows(hf_dirs):
     np.testing.assert_allclose(hidden[:, 5:], alone_b, atol=1e-5)
 
 
+jit_prefill = jax.jit(models.prefill, static_argnums=0)
+jit_decode = jax.jit(models.decode, static_argnums=0)
+
+
 @pytest.mark.parametrize("kind", ["llama3", "qwen3_moe"])
-def test_cache_prefill_and_decode_equal_forward(hf_dirs, kind):
+def test_prefill_and_decode_equal_forward(hf_dirs, kind):
+    """Left-padded prompts encoded by `prefill`, then 4 tokens fed one per slot by `decode` (slot s
+    continues prompt s): the hidden states and router logits of a forward over the whole rows."""
     _, path = hf_dirs[(kind, False)]
     cfg, params = models.load_hf(path)
     prompt, total = 5, 9
@@ -150,38 +155,39 @@ def test_cache_prefill_and_decode_equal_forward(hf_dirs, kind):
     pos = np.concatenate([pos, pos[:, -1:] + 1 + np.arange(total - prompt)], 1)
     full, full_aux = models.forward_with_aux(cfg, params, tokens, pos, seg)
 
-    cache = models.init_cache(cfg, 3, 12)
-    h, cache, aux = jit_extend(cfg, params, tokens[:, :prompt], pos[:, :prompt], seg[:, :prompt], cache, 0)
+    h, kv, aux = jit_prefill(cfg, params, tokens[:, :prompt], pos[:, :prompt], seg[:, :prompt])
+    cache = models.init_cache(cfg, kv, jnp.asarray(seg[:, :prompt] > 0), 3, 7)
     hs, router = [h], [aux.get("router_logits")]
     for t in range(prompt, total):
-        sl = slice(t, t + 1)
-        h, cache, aux = jit_extend(cfg, params, tokens[:, sl], pos[:, sl], seg[:, sl], cache, jnp.int32(t))
-        hs.append(h)
+        h, cache, aux = jit_decode(cfg, params, cache, tokens[:, t], pos[:, t], np.full(3, t - prompt), np.arange(3)[None])
+        hs.append(h[:, None])
         router.append(aux.get("router_logits"))
     valid = seg.astype(bool)
     np.testing.assert_allclose(np.concatenate(hs, 1)[valid], np.asarray(full)[valid], atol=1e-5)
-    np.testing.assert_array_equal(cache["segment_ids"][:, :total], seg)
-    assert not cache["segment_ids"][:, total:].any()
     if kind == "qwen3_moe":
         assert full_aux["router_logits"].shape == (2, 3, total, 4)  # layers 0 and 2 are MoE
         got = np.concatenate(router, axis=2)
         np.testing.assert_allclose(got[:, valid], np.asarray(full_aux["router_logits"])[:, valid], atol=1e-5)
 
 
-def test_cache_repeats_along_batch_for_groups_and_grows(hf_dirs):
-    """One prefill into a cache of the prompt's 4 slots, repeated G times and grown to 6 slots,
-    decodes like G separate prefills; the grown slots are empty."""
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_slots_share_their_prompts_prefix(hf_dirs, lanes):
+    """Two prompts encoded once each, continued by G = 3 slots each: two decoded tokens per slot equal
+    a forward over G separate copies of the prompts. In 2 lanes, lane l holds prompt l and its slots
+    name it as their lane's prefix 0."""
     _, path = hf_dirs[("llama3", False)]
     cfg, params = models.load_hf(path)
     tokens, seg, pos = left_padded([4, 2], 4)
-    _, cache, _ = jit_extend(cfg, params, tokens, pos, seg, models.init_cache(cfg, 2, 4), 0)
+    _, kv, _ = jit_prefill(cfg, params, tokens, pos, seg)
     g = 3
-    repeated = models.grow_cache(cfg, models.repeat_cache(cfg, cache, g), 6)
-    assert repeated["k"][0].shape == (2 * g, cfg.num_kv_heads, cfg.head_dim, 6)
-    assert not np.asarray(repeated["segment_ids"][:, 4:]).any() and not np.asarray(repeated["v"][-1][:, :, 4:]).any()
-    nxt = np.arange(2 * g).reshape(2 * g, 1) + 5
-    next_pos = np.repeat(pos[:, -1:] + 1, g, axis=0)
-    h, _, _ = jit_extend(cfg, params, nxt, next_pos, np.ones_like(nxt), repeated, jnp.int32(4))
+    cache = models.init_cache(cfg, kv, jnp.asarray(seg > 0), 2 * g, 2)
+    assert cache["prefix_k"][0].shape == (2, cfg.num_kv_heads, cfg.head_dim, 4)  # each prompt stored once
+    assert cache["k"][0].shape == (2 * g, cfg.num_kv_heads, cfg.head_dim, 2)
+    prompt = np.repeat(np.arange(2), g)[None] if lanes == 1 else np.zeros((2, g), int)
+    nxt = np.arange(4 * g).reshape(2 * g, 2) + 5
+    next_pos = np.repeat(pos[:, -1:], g, axis=0) + np.arange(1, 3)
+    for t in range(2):
+        h, cache, _ = jit_decode(cfg, params, cache, nxt[:, t], next_pos[:, t], np.full(2 * g, t), prompt)
     full = jit_forward(
         cfg,
         params,
@@ -189,7 +195,7 @@ def test_cache_repeats_along_batch_for_groups_and_grows(hf_dirs):
         np.concatenate([np.repeat(pos, g, 0), next_pos], 1),
         np.concatenate([np.repeat(seg, g, 0), np.ones_like(nxt)], 1),
     )
-    np.testing.assert_allclose(h[:, 0], full[:, -1], atol=1e-5)
+    np.testing.assert_allclose(h, full[:, -1], atol=1e-5)
 
 
 @pytest.mark.parametrize("attention", sorted(set(models.ATTENTION) - {"reference"}))
@@ -265,7 +271,7 @@ def test_auto_scans_the_layers_under_remat(monkeypatch):
     assert loops == {"scan": 2, "unrolled": 0, "auto": 2}
     assert temps["auto"] == temps["scan"] and temps["unrolled"] > 2 * temps["scan"]
     on_cpu = jax.default_backend() == "cpu"
-    assert isinstance(models.init_cache(dataclasses.replace(base, layer_loop="auto"), 1, 4)["k"], list) == on_cpu
+    assert isinstance(models.cache_specs(dataclasses.replace(base, layer_loop="auto"), 1, 4, 1, 4)["k"], list) == on_cpu
 
 
 def test_auto_picks_the_layout_by_backend(monkeypatch):
@@ -290,7 +296,7 @@ def test_auto_picks_the_layout_by_backend(monkeypatch):
         cpu_layout = on_cpu and env != "accelerator"
         assert rule() == {(r, c): cpu_layout and (c or r == "none") for r, c in cases}, env
         assert rule("scan") == dict.fromkeys(cases, False) and rule("unrolled") == dict.fromkeys(cases, True)
-        k = models.init_cache(base, 2, 5)["k"]
+        k = models.cache_specs(base, 2, 5, 1, 4)["k"]
         if cpu_layout:
             assert [a.shape for a in k] == [(2, 2, 8, 5)] * 3
         else:

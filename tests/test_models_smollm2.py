@@ -65,18 +65,16 @@ def test_smollm2_greedy_decode_with_cache_matches_transformers(smollm2, batch):
     tokens, seg, pos = batch
     cfg, params = models.load_hf(smollm2)
     steps = 8  # the first row emits its end token at step 8; HF pads after it, we do not stop
-    extend = jax.jit(models.extend, static_argnums=0)
-    cache = models.init_cache(cfg, tokens.shape[0], tokens.shape[1] + steps)
     w = models.unembedding(cfg, params)
-    hidden, cache, _ = extend(cfg, params, tokens, pos, seg, cache, 0)
+    hidden, kv, _ = jax.jit(models.prefill, static_argnums=0)(cfg, params, tokens, pos, seg)
+    cache = models.init_cache(cfg, kv, jnp.asarray(seg > 0), tokens.shape[0], steps)
+    decode = jax.jit(models.decode, static_argnums=0)
     nxt, p, out = jnp.argmax(hidden[:, -1] @ w, -1), pos[:, -1], []
     for t in range(steps):
         out.append(np.asarray(nxt))
         p = p + 1
-        hidden, cache, _ = extend(
-            cfg, params, nxt[:, None], p[:, None], np.ones((2, 1), np.int32), cache, tokens.shape[1] + t
-        )
-        nxt = jnp.argmax(hidden[:, -1] @ w, -1)
+        hidden, cache, _ = decode(cfg, params, cache, nxt, p, np.full(2, t), np.arange(2)[None])
+        nxt = jnp.argmax(hidden @ w, -1)
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = model.generate(

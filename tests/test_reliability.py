@@ -118,6 +118,8 @@ BAD_INPUTS = {
     "sizes that do not divide": (["train.minibatches=3"], None, ValueError, "does not split into train.minibatches=3"),
     "one sample per prompt": (["sampling.group_size=1"], None, ValueError, "group advantages need at least 2"),
     "mesh larger than the devices": (["mesh.data=16"], None, ValueError, "needs 16 devices, there are 8"),
+    "decode slots that do not divide": (["sampling.decode_slots=3"], None, ValueError,
+                                        r"sampling.decode_slots=3 does not split over the \d+ devices .*make it a multiple"),
     "tokenizer larger than the vocabulary": (["model.vocab_size=8"], None, ValueError, "vocab_size is 8: Config.tokenizer does not belong"),
     "missing tokenizer": (["tokenizer=/nonexistent/tok"], None, FileNotFoundError, "expected a Hugging Face tokenizer directory"),
     "missing model_path": (["model=none", "model_path=/nonexistent/model"], None, FileNotFoundError,
@@ -471,7 +473,7 @@ def test_resume_changes_allow_only_what_keeps_the_trajectory():
     saved = flatten(quickstart)
     changes = lambda *sets: resume_changes(saved, flatten(override(quickstart, list(sets))))  # noqa: E731
     assert changes("train.eval_every=7", "train.out_dir=elsewhere", "mesh.data=2", "reward.num_workers=0",
-                   "sampling.cache_segments=1") == []
+                   "sampling.decode_slots=4") == []
     assert changes("train.steps=500") == ["train.steps: 400 -> 500"]  # the cosine decays over train.steps
     constant = flatten(override(quickstart, ["optim.schedule=constant"]))
     assert resume_changes(constant, flatten(override(quickstart, ["optim.schedule=constant", "train.steps=500"]))) == []

@@ -1,4 +1,5 @@
-"""Sampler pieces that need no model: truncation, token draws (chi-square), stop logic, prompt checks."""
+"""Sampler pieces: truncation, token draws (chi-square), the slots' schedule and stop logic with dictated
+tokens, prompt checks."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from grpo_jax import models
 from grpo_jax.config import ModelConfig, SamplingConfig
-from grpo_jax.sampling import decode, pad_prompts, row_keys, sample
+from grpo_jax.sampling import check_prompts, lane_prompts, pad_prompts, rollout, row_keys, sample
 
 LOGITS = np.array([2.0, 1.5, 1.1, 0.6, 0.2, -0.3, -0.9, -1.6])  # distinct: cut-offs are unambiguous
 DRAWS = 40_000
@@ -110,62 +112,53 @@ def test_row_keys_depend_only_on_prompt_and_sample_index():
     assert len({tuple(k) for k in np.asarray(jax.random.key_data(big))}) == 15
 
 
-def test_decode_stops_each_row_at_its_stop_token_and_exits_early():
-    """Fake model: greedy next token = previous + 1; rows start at different tokens, 9 is the stop id."""
-    vocab, calls = 12, []
+# A one-layer model whose sampled tokens the tests dictate through the `processor` hook: row r's token i
+# is (START[r] + i) % 12, whatever the model's logits.
+TINY = ModelConfig(model_type="qwen3", vocab_size=12, hidden_size=8, intermediate_size=8, num_layers=1,
+                   num_heads=1, num_kv_heads=1, head_dim=8, eos_token_id=9)
+START = jnp.array([7, 4, 9, 8])
 
-    def step(carry, tokens, t):
-        jax.debug.callback(lambda: calls.append(1))
-        return jax.nn.one_hot((tokens + 1) % vocab, vocab) * 10.0, carry
 
-    scfg = SamplingConfig(greedy=True, max_new_tokens=8)
-    first = jax.nn.one_hot(jnp.array([7, 4, 9, 8]), vocab) * 10.0
-    run = jax.jit(decode, static_argnums=(0, 4, 5))
-    keys = row_keys(jax.random.key(0), 4, 1)
-    out, _ = run(step, (), first, keys, (9,), scfg)
+def counting(steps: list):
+    """A processor forcing token i of row r to (START[r] + i) % 12, recording each call's token indices."""
+    def processor(logits, rows, index):
+        jax.debug.callback(lambda i: steps.append(np.asarray(i).tolist()), index)
+        return jnp.where(jnp.arange(12) == ((START[rows] + index) % 12)[:, None], 0.0, -jnp.inf)
+    return processor
+
+
+def forced(scfg, steps, stop_ids=(9,)):
+    prompts = pad_prompts([[1]] * 4, scfg)
+    params = models.init(TINY, jax.random.key(0))
+    return rollout(TINY, scfg, stop_ids, None, params, prompts, jax.random.key(0), processor=counting(steps))
+
+
+@pytest.mark.parametrize("slots,iterations", [(0, 5), (2, 5), (1, 8)])
+def test_slots_take_the_next_row_as_theirs_finish_and_the_loop_ends_with_the_last(slots, iterations):
+    """Rows of 3, 6, 1 and 2 tokens (stop id 9). Token 0 of every row comes from the prefill (row 2 ends
+    there); each loop iteration feeds one token per busy slot. 4 slots: the loop ends with the longest
+    row, after 5 iterations. 2 slots: rows 0 and 1 start; row 0 ends after 2 and its slot takes row 3
+    (1 more), row 1 ends after 5: 5 iterations, not 5 + 1. One slot: 2 + 5 + 1 = 8. The rows' tokens are
+    the same in every case."""
+    steps = []
+    scfg = SamplingConfig(greedy=True, max_new_tokens=8, max_prompt_len=1, group_size=1, decode_slots=slots)
+    out = forced(scfg, steps)
+    assert len(steps) == 1 + iterations  # the first tokens, then one call per iteration
     np.testing.assert_array_equal(out.lengths, [3, 6, 1, 2])
     np.testing.assert_array_equal(out.truncated, [False] * 4)
     np.testing.assert_array_equal(out.tokens[1], [4, 5, 6, 7, 8, 9, 0, 0])
     np.testing.assert_array_equal(out.mask[1], [1, 1, 1, 1, 1, 1, 0, 0])
     np.testing.assert_array_equal(out.logprobs[1, 6:], 0.0)
-    assert len(calls) == 5  # the loop ends when the slowest row has stopped, not at max_new_tokens
+    if slots == 1:  # one row at a time: row 0's tokens 1, 2, then row 1's 1..5, then row 3's 1
+        assert [i for call in steps[1:] for i in call] == [1, 2, 1, 2, 3, 4, 5, 1]
 
-    calls.clear()
-    out, _ = run(step, (), first, keys, (2,), scfg)
-    np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last slot: not truncated
+
+def test_a_row_that_reaches_max_new_tokens_is_truncated_unless_its_last_token_stops_it():
+    steps = []
+    scfg = SamplingConfig(greedy=True, max_new_tokens=8, max_prompt_len=1, group_size=1, decode_slots=2)
+    out = forced(scfg, steps, stop_ids=(2,))
+    np.testing.assert_array_equal(out.lengths, [8, 8, 6, 7])  # row 0 stops on its last token: not truncated
     np.testing.assert_array_equal(out.truncated, [False, True, False, False])
-    assert len(calls) == 7
-
-
-def test_decode_in_segments_grows_the_carry_before_each_and_still_exits_early():
-    """64 new tokens in 2 segments of 32: `grow` sees the carry before each segment with its end; the
-    tokens are those of one segment; once every row has stopped (step 40) no later step runs."""
-    vocab, calls, grown = 64, [], []
-
-    def step(carry, tokens, t):
-        jax.debug.callback(lambda: calls.append(1))
-        return jax.nn.one_hot((tokens + 1) % vocab, vocab) * 10.0, carry + 1
-
-    def grow(carry, end):
-        jax.debug.callback(lambda c: grown.append((end, int(c))), carry)
-        return carry
-
-    first = jax.nn.one_hot(jnp.array([20, 10, 30]), vocab) * 10.0
-    keys = row_keys(jax.random.key(0), 3, 1)
-    run = jax.jit(decode, static_argnums=(0, 4, 5, 6))
-    one = SamplingConfig(greedy=True, max_new_tokens=64, cache_segments=1)
-    two = SamplingConfig(greedy=True, max_new_tokens=64, cache_segments=2)
-    for scfg, stop in ((one, (50,)), (two, (50,)), (two, ())):
-        calls.clear()
-        grown.clear()
-        out, carry = run(step, jnp.int32(0), first, keys, stop, scfg, grow)
-        if stop == (50,):  # rows stop after 31, 41 and 21 tokens
-            np.testing.assert_array_equal(out.lengths, [31, 41, 21])
-            np.testing.assert_array_equal(out.tokens[1, :41], np.arange(10, 51))
-            assert len(calls) == int(carry) == 40
-            assert grown == ([(64, 0)] if scfg is one else [(32, 0), (64, 31)])
-        else:  # no stop id: every row runs to the end
-            assert out.truncated.all() and len(calls) == 63 and grown == [(32, 0), (64, 31)]
 
 
 @pytest.mark.parametrize(
@@ -183,25 +176,26 @@ def test_pad_prompts_left_pads():
 
 
 def test_ignore_eos_runs_every_row_to_max_new_tokens():
-    """With ignore_eos the sampler checks no stop id (not eos, whatever the model declares): the fake
-    model of the test above runs through its eos 9 to max_new_tokens in every row."""
-    from grpo_jax.sampling import check_prompts
-
-    model = ModelConfig(model_type="qwen3", vocab_size=12, hidden_size=8, intermediate_size=8, num_layers=1,
-                        num_heads=1, num_kv_heads=1, head_dim=8, eos_token_id=9)
-    scfg = SamplingConfig(greedy=True, max_new_tokens=8, max_prompt_len=2, ignore_eos=True)
-    prompts = pad_prompts([[1], [2, 3]], scfg)
-    assert check_prompts(model, prompts, SamplingConfig(max_prompt_len=2)) == (9,)
-    stop_ids = check_prompts(model, prompts, scfg)
+    """With ignore_eos the sampler checks no stop id (not eos, whatever the model declares): the rows
+    of the tests above run through their eos 9 to max_new_tokens."""
+    scfg = SamplingConfig(greedy=True, max_new_tokens=8, max_prompt_len=1, group_size=1, ignore_eos=True)
+    prompts = pad_prompts([[1]] * 4, scfg)
+    assert check_prompts(TINY, prompts, SamplingConfig(max_prompt_len=1)) == (9,)
+    stop_ids = check_prompts(TINY, prompts, scfg)
     assert stop_ids == ()
-
-    def step(carry, tokens, t):
-        return jax.nn.one_hot((tokens + 1) % 12, 12) * 10.0, carry
-
-    first = jax.nn.one_hot(jnp.array([7, 9]), 12) * 10.0
-    out, _ = jax.jit(decode, static_argnums=(0, 4, 5))(step, (), first, row_keys(jax.random.key(0), 2, 1), stop_ids, scfg)
-    np.testing.assert_array_equal(out.lengths, [8, 8])
+    out = forced(scfg, [], stop_ids)
+    np.testing.assert_array_equal(out.lengths, [8] * 4)
     np.testing.assert_array_equal(out.tokens[0], [7, 8, 9, 10, 11, 0, 1, 2])
     assert out.mask.all() and out.truncated.all()
     with pytest.raises(ValueError, match="stop_tokens.*ignore_eos"):
         SamplingConfig(ignore_eos=True, stop_tokens=(3,))
+
+
+@pytest.mark.parametrize("prompts,group,lanes,want", [
+    (4, 3, 1, [[0, 1, 2, 3]]),  # one device: every prompt once
+    (4, 16, 8, [[0], [0], [1], [1], [2], [2], [3], [3]]),  # a prompt spans two devices: one copy on each
+    (3, 2, 2, [[0, 1], [1, 2]]),  # rows 0-2 and 3-5: prompt 1 on both
+    (3, 4, 4, [[0, 1], [0, 1], [1, 2], [2, 2]]),  # 3 rows a lane; the last repeats its prompt (never read)
+])
+def test_each_lane_encodes_the_prompts_of_its_rows(prompts, group, lanes, want):
+    np.testing.assert_array_equal(lane_prompts(prompts, group, lanes), want)

@@ -95,27 +95,32 @@ def test_optimizer_state_follows_param_shardings(params):
 
 
 @pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
-def test_cache_shardings_and_sharded_extend(params, layer_loop):
-    """The KV cache's shardings in both layouts: stacked over layers under the scan (layers unsplit),
-    one buffer per layer unrolled; rows over data and fsdp, kv heads over tensor."""
+def test_cache_shardings_and_sharded_decode(params, layer_loop):
+    """The decoding cache's shardings in both layouts: stacked over layers under the scan (layers
+    unsplit), one buffer per layer unrolled; slots and prompts over data and fsdp, kv heads over tensor.
+    A sharded prefill and decode step keep them and compute what one device does."""
     cfg = dataclasses.replace(CFG, layer_loop=layer_loop)
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
-    s = models.cache_shardings(cfg, mesh, batch=4, max_len=8)
+    s = models.cache_shardings(cfg, mesh, 8, 2, 4, 3)  # 8 slots of 2 tokens, 4 prompts of 3
     rows = P(("data", "fsdp"), "tensor", None, None)
     if layer_loop == "scan":
-        assert s["k"].spec == s["v"].spec == P(None, *rows)
+        assert s["k"].spec == s["v"].spec == s["prefix_k"].spec == P(None, *rows)
     else:
-        assert len(s["k"]) == len(s["v"]) == CFG.num_layers
-        assert s["k"][0].spec == s["v"][-1].spec == rows
-    assert s["segment_ids"].spec == P(("data", "fsdp"), None)
-    cache = jax.device_put(models.init_cache(cfg, 4, 8), s)
+        assert len(s["k"]) == len(s["v"]) == len(s["prefix_v"]) == CFG.num_layers
+        assert s["k"][0].spec == s["v"][-1].spec == s["prefix_k"][0].spec == rows
+    assert s["prefix_valid"].spec == P(("data", "fsdp"), None)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
-    seg = np.ones_like(tokens)
-    pos = np.broadcast_to(np.arange(3), (4, 3))
-    extend = jax.jit(models.extend, static_argnums=0, out_shardings=(None, s, None))
-    h, cache, _ = extend(cfg, models.shard_params(params, CFG, mesh), tokens, pos, seg, cache, 0)
+    seg, pos = np.ones_like(tokens), np.broadcast_to(np.arange(3), (4, 3))
+    sharded = models.shard_params(params, CFG, mesh)
+    _, kv, _ = jax.jit(models.prefill, static_argnums=0)(cfg, sharded, tokens, pos, seg)
+    cache = jax.device_put(models.init_cache(cfg, kv, jnp.ones((4, 3), bool), 8, 2), s)
+    decode = jax.jit(models.decode, static_argnums=0, out_shardings=(None, s, None))
+    nxt = np.arange(8) % CFG.vocab_size
+    h, cache, _ = decode(cfg, sharded, cache, nxt, np.full(8, 3), np.zeros(8, int), np.zeros((4, 2), int))
     assert jax.tree.map(lambda a: a.sharding.spec, cache) == jax.tree.map(lambda t: t.spec, s)
-    np.testing.assert_allclose(np.asarray(h), np.asarray(models.forward(CFG, params, tokens)), atol=1e-5)
+    lane_prompt = np.repeat(np.arange(4), 2)  # 4 lanes of 2 slots, each lane holding its prompt
+    full = models.forward(CFG, params, np.concatenate([tokens[lane_prompt], nxt[:, None]], 1))
+    np.testing.assert_allclose(np.asarray(h), np.asarray(full[:, -1]), atol=1e-5)
 
 
 def test_load_hf_places_each_tensor_with_its_sharding(params, tmp_path):
@@ -221,7 +226,7 @@ def test_sampler_pins_activations_by_the_rules():
     assert "f32[4,1,2,8]" in lowered.compile().as_text()
 
 
-def _sampler_gathers(cfg, segments: int, mesh_cfg=MeshConfig(data=1, fsdp=8)) -> list[tuple[int, ...]]:
+def _sampler_gathers(cfg, mesh_cfg=MeshConfig(data=1, fsdp=8)) -> list[tuple[int, ...]]:
     """The result shapes of the all-gathers in the sampler compiled for 8 rows on a mesh, for params
     split as a run holds them."""
     mesh = sharding.make_mesh(mesh_cfg)
@@ -229,8 +234,7 @@ def _sampler_gathers(cfg, segments: int, mesh_cfg=MeshConfig(data=1, fsdp=8)) ->
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params,
                           models.param_shardings(params, cfg, mesh))
     prompts = sampling.Prompts(jax.ShapeDtypeStruct((8, 4), jnp.int32), jax.ShapeDtypeStruct((8,), jnp.int32))
-    scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1, cache_segments=segments)
-    assert len(sampling.segment_ends(scfg)) == segments
+    scfg = SamplingConfig(max_prompt_len=4, max_new_tokens=96, group_size=1)
     text = sampling.rollout.lower(cfg, scfg, (1,), mesh, params, prompts, jax.random.key(0)).compile().as_text()
     return [tuple(map(int, s.split(","))) for s in re.findall(r"= f32\[([\d,]+)\]\S* all-gather(?:-start)?\(", text)]
 
@@ -239,28 +243,30 @@ def _weights(shapes):  # the gathers of a weight: a result with a hidden_size (3
     return [s for s in shapes if 32 in s]
 
 
-def test_the_unrolled_sampler_gathers_its_weights_once_for_all_its_decode_loops():
-    """On an fsdp mesh the unrolled sampler gathers the weights once, before the prefill. XLA hoists a
-    decode loop's gathers of its loop-invariant weights out of the loop, so without that each of the
-    loops of a growing KV cache held a gathered copy of every weight (Qwen3-1.7B, 8 devices: 37 GiB)."""
+def test_the_unrolled_sampler_gathers_each_weight_once():
+    """On an fsdp mesh the unrolled sampler gathers each weight once, before the prefill, for the prefill
+    and the decode loop. XLA hoists a loop's gathers of its loop-invariant weights out of the loop, so
+    without that the loop held a gathered copy of every weight of its own (with the segmented cache
+    before continuous batching, one per segment: Qwen3-1.7B, 8 devices, 37 GiB)."""
     cfg = dataclasses.replace(CFG, eos_token_id=1, layer_loop="unrolled")
-    assert len(_weights(_sampler_gathers(cfg, 3))) == len(_weights(_sampler_gathers(cfg, 1))) > 0  # before: 68, 34
+    split = [s.shape for s in jax.tree.leaves(models.param_specs(cfg), is_leaf=sharding.is_spec) if "embed" in s.axes]
+    assert sorted(_weights(_sampler_gathers(cfg))) == sorted(split)
 
 
 def test_the_scanned_sampler_gathers_one_layer_at_a_time():
     """Under the layer scan (the default on TPU and GPU) the sampler gathers each layer's weights inside
     the loop: no gathered weight carries the stacked layer axis (6 layers: 1 dense, 5 MoE), so no device
     holds a whole gathered copy of the model, as it does unrolled. The embeddings and the lm_head, read
-    outside the scan, are gathered once for all decode loops (each loop gathered its own before:
-    Qwen3-8B on 64 devices, 12.2 GiB of sampler temporaries against 3.5)."""
+    outside the scan, are gathered once, for the prefill and the decode loop (each loop of the
+    segmented cache before gathered its own: Qwen3-8B on 64 devices, 12.2 GiB of sampler temporaries
+    against 3.5)."""
     cfg = dataclasses.replace(CFG, eos_token_id=1, num_layers=6)
     stacked = lambda shapes: [s for s in _weights(shapes) if s[0] in (5, 6)]  # noqa: E731
     tables = lambda shapes: sorted(s for s in shapes if s in ((64, 32), (32, 64)))  # noqa: E731 — embed, lm_head
-    assert stacked(_sampler_gathers(dataclasses.replace(cfg, layer_loop="unrolled"), 2))
-    scanned = dataclasses.replace(cfg, layer_loop="scan")
-    gathers = _sampler_gathers(scanned, 3)
+    assert stacked(_sampler_gathers(dataclasses.replace(cfg, layer_loop="unrolled")))
+    gathers = _sampler_gathers(dataclasses.replace(cfg, layer_loop="scan"))
     assert _weights(gathers) and not stacked(gathers)
-    assert tables(gathers) == tables(_sampler_gathers(scanned, 1)) == [(32, 64), (64, 32)]
+    assert tables(gathers) == [(32, 64), (64, 32)]
 
 
 @pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
@@ -269,8 +275,10 @@ def test_the_sampler_gathers_the_logits_not_the_lm_head_over_tensor(layer_loop):
     the [hidden, vocab] lm_head: asked for whole rows at once, XLA gathered the weight over tensor in the
     prefill and in each decode loop (Qwen3-8B on 64 devices: 4 x 2.3 GiB)."""
     cfg = dataclasses.replace(CFG, eos_token_id=1, layer_loop=layer_loop)
-    shapes = _sampler_gathers(cfg, 3, MeshConfig(data=1, fsdp=4, tensor=2))
-    assert (32, CFG.vocab_size) not in shapes and (2, CFG.vocab_size) in shapes  # 8 rows over fsdp=4
+    shapes = _sampler_gathers(cfg, MeshConfig(data=1, fsdp=4, tensor=2))
+    assert (32, CFG.vocab_size) not in shapes
+    rows = [s for s in shapes if len(s) == 2 and s[0] == 2 and s[1] >= CFG.vocab_size]  # 8 rows over fsdp=4
+    assert rows  # a step's logits (or the sampler's weights of them, padded to its blocks of 128)
 
 
 def test_an_indivisible_dimension_warns_once_naming_rule_and_shape():

@@ -20,7 +20,7 @@ def test_the_import_hook_checks_every_annotated_function():
 
 
 def test_shape_errors_at_the_entry_points_name_the_argument_and_its_axes():
-    """The library checks its public entry points itself (models.forward / logits / extend, sampling's
+    """The library checks its public entry points itself (models.forward / logits / prefill / decode, sampling's
     sequences): run in a fresh interpreter, without the tests' import hook."""
     script = r"""
 import jax, numpy as np

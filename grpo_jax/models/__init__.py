@@ -16,24 +16,21 @@ Segment ids: 0 = padding (never attended to); tokens attend causally within thei
 so packing is several ids in one row and left padding is leading zeros. Positions feed RoPE only;
 `positions_from_segments` gives positions that restart at each segment.
 
-KV cache (for sampling; one code path with `forward`):
+Decoding (for sampling; one code path with `forward`): prompts are encoded once, and decode slots
+continue them, each with its own tokens.
 
-    cache = init_cache(cfg, batch, max_len)
-        {"k": per layer [batch, kv_heads, head_dim, max_len], "v": per layer [batch, kv_heads, max_len,
-         head_dim] in cfg.compute_dtype (the layouts the attention kernels read; one buffer per layer,
-         which extend's unrolled layers update and read in place, or under the layer scan one buffer
-         [layers, ...] carried through it: `layers_unrolled(cfg)`), "segment_ids": [batch, max_len]
-         int32, 0 = slot unwritten or padding (the validity mask is `cache["segment_ids"] != 0`),
-         MoE models: "routes": [moe_layers, batch, max_len, k] int32, the experts of each slot's token}
-    hidden, cache, aux = extend(cfg, params, tokens, positions, segment_ids, cache, index)
-        tokens/positions/segment_ids [B, T]; writes slots [index, index+T) (index: int32 scalar, the
-        same for every row) and attends to all earlier slots with the same segment id.
-        Prefill: T = prompt length, index 0. Decode: T = 1, index = number of slots already written.
-    cache = repeat_cache(cfg, cache, G)      # each row G times: G samples share one prefill
-    cache = grow_cache(cfg, cache, max_len)  # empty slots appended up to max_len
-    params = unstack_layers(params)          # one weight tree per layer: unrolled, extend reads them in place
+    hidden, prefix_kv, aux = prefill(cfg, params, tokens, positions, segment_ids)  # prompts' k and v
+    cache = init_cache(cfg, prefix_kv, prefix_valid, slots, slot_cache_len(max_new))
+        {"prefix_k", "prefix_v": the prompts' keys and values, read-only (the G samples of a prompt
+         share them), "prefix_valid": [prefixes, prompt_len] (False on left padding), "k", "v": each
+         slot's own tokens, written in place; per layer (unrolled) or stacked [layers, ...] (scan):
+         `cache_specs` has the layouts}
+    hidden, cache, aux = decode(cfg, params, cache, tokens, positions, written, prompt)
+        one token per slot, written at its slot's place `written[s]`, attending to its lane's prompt
+        `prompt[lane, s]` and its slot's tokens so far (lanes: one per device holding rows on a mesh)
+    params = unstack_layers(params)          # one weight tree per layer: unrolled, decode reads them in place
 
-`cache_shardings(cfg, mesh, batch, max_len)` shards the cache, `param_shardings(tree, cfg, mesh)` /
+`cache_shardings(cfg, mesh, *cache_specs' shape)` shards the cache, `param_shardings(tree, cfg, mesh)` /
 `shard_params(params, cfg, mesh)` the params and the optimizer state (by `grpo_jax.sharding`'s rules).
 
 Params are a nested dict described by `param_specs(cfg)` (shape + logical axes of every leaf):
@@ -51,11 +48,10 @@ from grpo_jax.models.decoder import (
     ParamSpec,
     cache_shardings,
     cache_specs,
-    extend,
+    decode,
     forward,
     forward_shared_prefix,
     forward_with_aux,
-    grow_cache,
     init,
     init_cache,
     layers_unrolled,
@@ -63,8 +59,9 @@ from grpo_jax.models.decoder import (
     param_shardings,
     param_specs,
     positions_from_segments,
-    repeat_cache,
+    prefill,
     shard_params,
+    slot_cache_len,
     unembed,
     unembedding,
     unstack_layers,
@@ -80,11 +77,10 @@ __all__ = [
     "ParamSpec",
     "cache_shardings",
     "cache_specs",
-    "extend",
+    "decode",
     "forward",
     "forward_shared_prefix",
     "forward_with_aux",
-    "grow_cache",
     "init",
     "init_cache",
     "layers_unrolled",
@@ -93,9 +89,10 @@ __all__ = [
     "param_shardings",
     "param_specs",
     "positions_from_segments",
-    "repeat_cache",
+    "prefill",
     "save_hf",
     "shard_params",
+    "slot_cache_len",
     "unembed",
     "unembedding",
     "unstack_layers",

@@ -16,12 +16,12 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
@@ -74,25 +74,34 @@ def param_specs(cfg: ModelConfig) -> Params:
     return specs
 
 
-def cache_specs(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """The KV cache pytree as ParamSpecs (same role as `param_specs`). k and v follow the layer loop
-    (`layers_unrolled`): unrolled, one buffer per layer, each written in place and read where it lies
-    by its layer's attention; scanned, one buffer stacked over layers, carried through the scan. MoE
-    models also keep the routes of every slot (the experts each token was routed to, per MoE layer).
-    A single kv head is stored without its unit axis: XLA:CPU would otherwise run each step's in-place
-    write twice, on two copies of the buffer (one for the loop, one squeezed for the attention matmul)."""
-    shape = (batch, cfg.num_kv_heads) if cfg.num_kv_heads > 1 else (batch,)
-    axes = ("batch", "kv_heads")[: len(shape)]
-    k = ParamSpec((*shape, cfg.head_dim, max_len), (*axes, None, "seq"))
-    v = ParamSpec((*shape, max_len, cfg.head_dim), (*axes, "seq", None))
+def cache_specs(cfg: ModelConfig, slots: int, max_len: int, prefixes: int, prompt_len: int) -> Cache:
+    """The decoding cache (`init_cache`) as ParamSpecs (same role as `param_specs`).
+
+    - "prefix_k" [prefixes, kv_heads, head_dim, prompt_len], "prefix_v" [prefixes, kv_heads, prompt_len,
+      head_dim]: the keys and values of the prompts, written once by `prefill` and then only read. A slot
+      continues one of them, so the G samples of a prompt store it once.
+    - "prefix_valid" [prefixes, prompt_len]: False on a prompt's left padding.
+    - "k" [slots, kv_heads, head_dim, max_len], "v" [slots, kv_heads, max_len, head_dim]: each slot's own
+      tokens, written in place one per decode step. A single kv head is stored without its unit axis:
+      XLA:CPU would otherwise run each step's in-place write twice, on two copies of the buffer.
+
+    k, v and the prefix follow the layer loop (`layers_unrolled`): unrolled, one buffer per layer, read
+    where it lies by its layer's attention; scanned, one buffer stacked over layers (the slots' carried
+    through the scan, the prefix a scan input)."""
+    own = (slots, cfg.num_kv_heads) if cfg.num_kv_heads > 1 else (slots,)
+    axes = ("batch", "kv_heads")[: len(own)]
+    shared = (prefixes, cfg.num_kv_heads)
+    specs = {
+        "k": ParamSpec((*own, cfg.head_dim, max_len), (*axes, None, "seq")),
+        "v": ParamSpec((*own, max_len, cfg.head_dim), (*axes, "seq", None)),
+        "prefix_k": ParamSpec((*shared, cfg.head_dim, prompt_len), ("batch", "kv_heads", None, "seq")),
+        "prefix_v": ParamSpec((*shared, prompt_len, cfg.head_dim), ("batch", "kv_heads", "seq", None)),
+    }
     if layers_unrolled(cfg):
-        specs = {"k": [k] * cfg.num_layers, "v": [v] * cfg.num_layers}
+        specs = {name: [s] * cfg.num_layers for name, s in specs.items()}
     else:
-        specs = {name: ParamSpec((cfg.num_layers, *s.shape), ("layers", *s.axes)) for name, s in (("k", k), ("v", v))}
-    specs["segment_ids"] = ParamSpec((batch, max_len), ("batch", "seq"))
-    if any(cfg.moe_layers):
-        shape = (sum(cfg.moe_layers), batch, max_len, cfg.num_experts_per_tok)
-        specs["routes"] = ParamSpec(shape, ("layers", "batch", "seq", None))
+        specs = {name: ParamSpec((cfg.num_layers, *s.shape), ("layers", *s.axes)) for name, s in specs.items()}
+    specs["prefix_valid"] = ParamSpec((prefixes, prompt_len), ("batch", "seq"))
     return specs
 
 
@@ -108,9 +117,10 @@ def shard_params(params: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
     return jax.device_put(params, param_shardings(params, cfg, mesh))
 
 
-def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, max_len: int) -> Cache:
-    """NamedShardings for `init_cache(cfg, batch, max_len)` (batch over data+fsdp, kv heads over tensor)."""
-    return spec_shardings(cache_specs(cfg, batch, max_len), mesh)
+def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, *shape: int) -> Cache:
+    """NamedShardings for a cache of `cache_specs(cfg, *shape)` (slots and prefixes over data+fsdp, kv
+    heads over tensor)."""
+    return spec_shardings(cache_specs(cfg, *shape), mesh)
 
 
 def init(cfg: ModelConfig, rng: jax.Array) -> Params:
@@ -135,38 +145,17 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
     return jax.tree.unflatten(treedef, out)
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> Cache:
-    """An empty cache (`cache_specs`): k [batch, kv_heads, head_dim, max_len] and v [batch, kv_heads,
-    max_len, head_dim] per layer, or stacked [layers, ...] under the layer scan (the layouts `ATTENTION`
-    kernels take; no kv_heads axis for one kv head), in the compute dtype; segment_ids [batch, max_len]
-    int32, 0 marking slots that are unwritten or hold left padding; for MoE models routes [moe_layers,
-    batch, max_len, k] int32, unwritten slots holding experts 0..k-1 (a valid set, so a replay of a
-    whole row never meets a repeated expert)."""
-    specs = cache_specs(cfg, batch, max_len)
+def init_cache(cfg: ModelConfig, prefix_kv: tuple[Array, Array], prefix_valid: Bool[Array, "prefixes prompt_len"],
+               slots: int, max_len: int) -> Cache:
+    """The decoding cache (`cache_specs`) of prompts encoded by `prefill` (`prefix_kv`, stacked over
+    layers) for `slots` rows of up to `max_len` tokens each, their own slots empty, in the compute dtype."""
+    k, v = (a.astype(cfg.jnp_compute_dtype) for a in prefix_kv)
+    specs = cache_specs(cfg, slots, max_len, *prefix_valid.shape)
     zeros = lambda s: jnp.zeros(s.shape, cfg.compute_dtype)  # noqa: E731
     cache = {name: jax.tree.map(zeros, specs[name], is_leaf=is_spec) for name in ("k", "v")}
-    cache["segment_ids"] = jnp.zeros(specs["segment_ids"].shape, jnp.int32)
-    if "routes" in specs:
-        cache["routes"] = jnp.broadcast_to(jnp.arange(cfg.num_experts_per_tok, dtype=jnp.int32), specs["routes"].shape)
+    cache["prefix_k"], cache["prefix_v"] = (list(a) if layers_unrolled(cfg) else a for a in (k, v))
+    cache["prefix_valid"] = prefix_valid
     return cache
-
-
-def _cache_axes(cfg: ModelConfig, name: str) -> Cache:
-    """The index of logical axis `name` in every cache leaf."""
-    return jax.tree.map(lambda s: s.axes.index(name), cache_specs(cfg, 1, 1), is_leaf=is_spec)
-
-
-def grow_cache(cfg: ModelConfig, cache: Cache, max_len: int) -> Cache:
-    """The cache with empty slots appended up to `max_len`: the sampler grows it as decoding goes, so
-    that each step attends to the slots it can have written rather than to the final length."""
-    batch, length = cache["segment_ids"].shape
-    empty = init_cache(cfg, batch, max_len - length)
-    return jax.tree.map(lambda a, e, axis: jnp.concatenate([a, e], axis), cache, empty, _cache_axes(cfg, "seq"))
-
-
-def repeat_cache(cfg: ModelConfig, cache: Cache, repeats: int) -> Cache:
-    """Every row of the cache `repeats` times in a row along batch: G samples share one prefill."""
-    return jax.tree.map(lambda a, axis: jnp.repeat(a, repeats, axis), cache, _cache_axes(cfg, "batch"))
 
 
 def positions_from_segments(segment_ids: Int[Array, "batch seq"]) -> Int[Array, "batch seq"]:
@@ -265,12 +254,15 @@ def _rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, prefix=None, layer=None):
-    """Self-attention of T new tokens; returns (output, the cache, this layer's k and v of the T
-    tokens in the cache layout). With a cache (kv: this layer's k and v, or with `layer` every
-    layer's, stacked) their keys and values are written in place at slots index:index+T and all
-    slots of this layer are attended. With a `prefix` (this layer's k and v of `index` earlier
-    tokens, read-only) those come first."""
+def _attention(cfg, p, x, positions, segment_ids, k_segment_ids, index, prefix=None, kv=None, layer=None, slots=None):
+    """Self-attention of T new tokens; returns (output, the slots' cache, this layer's k and v of the
+    T tokens in the cache layout).
+
+    Without `slots`, the T tokens attend causally among themselves, after `prefix` (this layer's k and v
+    of `index` earlier tokens, read-only) when given. With `slots` (decoding, T = 1), `kv` is this layer's
+    slot cache (or with `layer` every layer's, stacked), `prefix` this layer's prompts: the token's key
+    and value are written at its slot's next place, and it attends to its prompt and its slot's tokens
+    (`_slot_attention`)."""
     q = _constrain(_dense(x, p["q"]), ("batch", "seq", "heads", None))
     k = _constrain(_dense(x, p["k"]), ("batch", "seq", "kv_heads", None))
     v = _constrain(_dense(x, p["v"]), ("batch", "seq", "kv_heads", None))
@@ -281,38 +273,108 @@ def _attention(cfg, p, x, positions, segment_ids, kv, k_segment_ids, index, pref
         k = _rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     inv_freq = _inv_freq(cfg)
     q, k = _rope(q, positions, inv_freq), _rope(k, positions, inv_freq)
-    q_slot = index + jnp.arange(x.shape[1])
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
     own = (k, v)
-    if prefix is not None:
-        k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
-    if kv is not None:
-        unit = kv[1].ndim == 3 + (layer is not None)  # one kv head, stored without its axis (cache_specs)
-        if unit:
-            k, v = k[:, 0], v[:, 0]
-        kv = _write(kv[0], k, index, -1, layer), _write(kv[1], v, index, -2, layer)
-        k, v = kv if layer is None else (kv[0][layer], kv[1][layer])
-        if unit:
-            k, v = k[:, None], v[:, None]
-    k_slot = jnp.arange(v.shape[2])
-    mask = (
-        (segment_ids[:, :, None] == k_segment_ids[:, None, :])
-        & (k_segment_ids[:, None, :] != 0)
-        & (q_slot[:, None] >= k_slot[None, :])
-    )
-    out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
+    if slots is not None:
+        kv = (_write_slots(kv[0], k[..., 0], slots.written, -1, layer),
+              _write_slots(kv[1], v[:, :, 0], slots.written, -2, layer))
+        mine = kv if layer is None else (kv[0][layer], kv[1][layer])
+        out = _slot_attention(q, prefix, mine, slots)
+    else:
+        if prefix is not None:
+            k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
+        q_slot = index + jnp.arange(x.shape[1])
+        k_slot = jnp.arange(v.shape[2])
+        mask = (
+            (segment_ids[:, :, None] == k_segment_ids[:, None, :])
+            & (k_segment_ids[:, None, :] != 0)
+            & (q_slot[:, None] >= k_slot[None, :])
+        )
+        out = ATTENTION[cfg.attention](q, k.astype(q.dtype), v.astype(q.dtype), mask[:, None])
     out = _constrain(out, ("batch", "seq", "heads", None))
     return _dense(out, p["o"], 2), kv, own
 
 
-def _write(buffer, new, index, seq_axis: int, layer=None):
-    """`buffer` with `new` written in place from slot `index` along `seq_axis`; with `layer`, the buffer
-    is stacked over layers and `new` goes into that layer's slice."""
-    start = [0] * new.ndim
-    start[seq_axis] = index
+def _write_slots(buffer, new, written, seq_axis: int, layer=None):
+    """`buffer` (a slot cache's k or v, or stacked over layers) with slot s's `new` [slots, kv_heads,
+    head_dim] written in place at its place `written[s]` along `seq_axis` (in layer `layer`'s slice
+    when stacked)."""
+    unit = buffer.ndim == 3 + (layer is not None)  # one kv head, stored without its axis (cache_specs)
+    new = (new[:, 0] if unit else new).astype(buffer.dtype)
+    seq = seq_axis % buffer.ndim
+    index = [slice(None)] * buffer.ndim
+    start = 0 if layer is None else 1
     if layer is not None:
-        new, start = new[None], [layer, *start]
-    return jax.lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), start)
+        index[0] = layer
+    index[start], index[seq] = jnp.arange(new.shape[0]), written
+    return buffer.at[tuple(index)].set(new, mode="promise_in_bounds")
+
+
+class _Slots(NamedTuple):
+    """What `_slot_attention` reads besides the keys and values: see `decode`; `blocks` bounds its loop."""
+
+    prompt: Int[Array, "lanes lane_slots"]
+    written: Int[Array, "slots"]
+    prefix_valid: Bool[Array, "prefixes prompt_len"]
+    blocks: Int[Array, ""]
+
+
+SLOT_BLOCK = 256  # a slot's own tokens attended per iteration of `_slot_attention`
+
+
+def slot_cache_len(max_len: int) -> int:
+    """The length of a slot cache holding `max_len` tokens: `max_len` up to `SLOT_BLOCK`, above it a
+    multiple of `SLOT_BLOCK` (`_slot_attention` reads it in whole blocks)."""
+    return max_len if max_len <= SLOT_BLOCK else -(-max_len // SLOT_BLOCK) * SLOT_BLOCK
+
+
+def _slot_attention(q, prefix, own, slots: _Slots):
+    """One query per slot against its prompt's keys (`prefix`, gathered per slot) and its own written
+    keys (`own`, the slot cache): softmax attention computed online, one pass over the prompt and then
+    blocks of `SLOT_BLOCK` own slots, only as many blocks as the longest slot has written. A block
+    past a slot's written places adds exactly nothing to it, so a slot's output does not depend on
+    the other slots. Logits, softmax and accumulation in float32, as in `_xla_attention`."""
+    s, _, n, hd = q.shape
+    lanes = slots.prompt.shape[0]
+    pk, pv = prefix
+    kv = pk.shape[1]
+    qg = q.reshape(s, kv, n // kv, hd)
+    scale = 1.0 / math.sqrt(hd)
+
+    def mine(a):  # [lanes * prefixes_per_lane, ...] -> the prompt of each slot, [slots, ...]; lane-local
+        a = a.reshape(lanes, -1, *a.shape[1:])
+        return jax.vmap(lambda a, i: a[i])(a, slots.prompt).reshape(s, *a.shape[2:])
+
+    def scores(keys, valid):
+        x = jnp.einsum("skgh,skhw->skgw", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32) * scale
+        return jnp.where(valid[:, None, None, :], x, -jnp.inf)
+
+    def add(state, x, values):  # the online softmax's update with scores x of values [s, k, w, hd]
+        top, total, acc = state
+        new_top = jnp.maximum(top, jnp.max(x, axis=-1, keepdims=True))
+        p = jnp.exp(x - new_top)  # masked: exp(-inf) = 0; a block all masked leaves the state as it was
+        shrink = jnp.exp(top - new_top)
+        acc = acc * shrink + jnp.einsum("skgw,skwh->skgh", p.astype(q.dtype), values.astype(q.dtype),
+                                        preferred_element_type=jnp.float32)
+        return new_top, total * shrink + jnp.sum(p, axis=-1, keepdims=True), acc
+
+    empty = jnp.full((*qg.shape[:3], 1), -jnp.inf), jnp.zeros((*qg.shape[:3], 1)), jnp.zeros(qg.shape)
+    state = add(empty, scores(mine(pk), mine(slots.prefix_valid)), mine(pv))  # a prompt has a token: finite
+    k, v = own
+    if k.ndim == 3:  # one kv head, stored without its axis
+        k, v = k[:, None], v[:, None]
+
+    size = min(SLOT_BLOCK, v.shape[2])
+
+    def block(i, state):
+        start = i * size
+        keys = jax.lax.dynamic_slice_in_dim(k, start, size, axis=3)
+        values = jax.lax.dynamic_slice_in_dim(v, start, size, axis=2)
+        valid = start + jnp.arange(size) <= slots.written[:, None]
+        return add(state, scores(keys, valid), values)
+
+    _, total, acc = jax.lax.fori_loop(0, slots.blocks, block, state)
+    return (acc / total).reshape(s, 1, n, hd).astype(q.dtype)
 
 
 def _mlp(p, x):
@@ -445,31 +507,30 @@ def _layer(stack, i: int):
     return stack[i] if isinstance(stack, list) else jax.tree.map(lambda a: a[i], stack)
 
 
-def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=None, prefix=None, emit_kv=False):
-    """The layers over T tokens: (final normed hidden, the updated cache or None, aux). `prefix`:
+def _decoder(cfg, params, tokens, positions, segment_ids, index=0, routes=None, prefix=None, emit_kv=False,
+             cache=None, slots=None):
+    """The layers over T tokens: (final normed hidden, the updated slot cache or None, aux). `prefix`:
     (k [layers, B/G, ...], v, segment_ids [B/G, P]) of P earlier tokens that every run of G rows
     shares, read-only, as scan inputs (so a remat layer saves its own slice, not a carried stack);
-    `emit_kv`: aux["kv"] holds every layer's k and v of the T tokens (such a prefix)."""
+    `emit_kv`: aux["kv"] holds every layer's k and v of the T tokens (such a prefix). Decoding: `cache`
+    (`init_cache`) and `slots` (`_Slots`, see `decode`), T = 1."""
     cdt = cfg.jnp_compute_dtype
     cast = lambda tree: jax.tree.map(lambda a: a.astype(cdt), tree)  # noqa: E731
     table = _constrain(params["embed"].astype(cdt), ("vocab", None))  # gathered over fsdp like every weight
     x = _constrain(table[tokens], ("batch", "seq", "embed"))
     group = 1 if prefix is None else tokens.shape[0] // prefix[2].shape[0]
-    if cache is not None:
-        k_segment_ids = jax.lax.dynamic_update_slice_in_dim(
-            cache["segment_ids"], segment_ids.astype(jnp.int32), index, axis=1
-        )
-    elif prefix is not None:
+    k_segment_ids = segment_ids
+    if prefix is not None:
         k_segment_ids = jnp.concatenate([jnp.repeat(prefix[2], group, axis=0), segment_ids], axis=1)
-    else:
-        k_segment_ids = segment_ids
+    if cache is not None:  # decoding: the prompts are the read-only prefix of the slots
+        prefix = (cache["prefix_k"], cache["prefix_v"])
 
     def layer(x, kv, i, lp, mp, replay, shared, is_moe):
         lp, mp = cast(lp), cast(mp)
-        if shared is not None:  # this layer's prefix, once per group: each row of the group reads it
+        if shared is not None and slots is None:  # this layer's prefix, once per group: each row of the group reads it
             shared = tuple(jnp.repeat(a, group, axis=0) for a in shared)
         h = _rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
-        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, kv, k_segment_ids, index, shared, i)
+        a, kv, own = _attention(cfg, lp, h, positions, segment_ids, k_segment_ids, index, shared, kv, i, slots)
         x = x + a
         h = _rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if is_moe:
@@ -478,28 +539,31 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
             m, routing = _mlp(mp, h), None
         return _constrain(x + m, ("batch", "seq", "embed")), kv, (routing, own if emit_kv else None)
 
-    per_layer = cache is not None and isinstance(cache["k"], list)  # unrolled over one buffer per layer
-    kv = [] if per_layer else None if cache is None else (cache["k"], cache["v"])  # else stacked, carried
+    # unrolled over one weight tree and cache buffer per layer (`unstack_layers`, `cache_specs`), or scanned
+    per_layer = isinstance(params["layers"], list) or (cache is not None and isinstance(cache["k"], list))
+    kv = None if cache is None else [] if per_layer else (cache["k"], cache["v"])  # stacked: carried
     routing, emitted = [], []
     for is_moe, start, stop, kind_start in _runs(cfg):  # per run of layers of one kind: a scan, or unrolled
         kind = slice(kind_start, kind_start + stop - start)
         replay = routes[kind] if is_moe and routes is not None else None
-        shared = None if prefix is None else (prefix[0][start:stop], prefix[1][start:stop])
         body = functools.partial(layer, is_moe=is_moe)
         if cfg.remat != "none":
             body = jax.checkpoint(body, policy=_REMAT_POLICY[cfg.remat])
         if per_layer:
             outs = []
-            for j in range(stop - start):
-                lp, mp = _layer(params["layers"], start + j), _layer(params["moe" if is_moe else "mlp"], kind_start + j)
-                rp = None if replay is None else replay[j]
-                x, layer_kv, out = body(x, (cache["k"][start + j], cache["v"][start + j]), None, lp, mp, rp, None)
-                kv.append(layer_kv)
+            for j in range(start, stop):
+                lp, mp = _layer(params["layers"], j), _layer(params["moe" if is_moe else "mlp"], kind_start + j - start)
+                rp = None if replay is None else replay[j - start]
+                mine = None if cache is None else (cache["k"][j], cache["v"][j])
+                x, mine, out = body(x, mine, None, lp, mp, rp, None if prefix is None else (prefix[0][j], prefix[1][j]))
+                if cache is not None:
+                    kv.append(mine)
                 outs.append(out)
             ys, own = jax.tree.map(lambda *a: jnp.stack(a), *outs)
         else:  # a stacked cache's layer index i is a scan input; without a cache it goes unused
             layer_p = jax.tree.map(lambda a: a[start:stop], params["layers"])
             mlp_p = jax.tree.map(lambda a: a[kind], params["moe" if is_moe else "mlp"])
+            shared = None if prefix is None else (prefix[0][start:stop], prefix[1][start:stop])
 
             def scanned(carry, xs, body=body):
                 x, kv, out = body(*carry, *xs)
@@ -519,30 +583,55 @@ def _decoder(cfg, params, tokens, positions, segment_ids, cache, index, routes=N
         aux["kv"] = tuple(jnp.concatenate([e[j] for e in emitted]) for j in range(2))
     if cache is not None:
         k, v = ([k for k, _ in kv], [v for _, v in kv]) if per_layer else kv
-        new_cache = {"k": k, "v": v, "segment_ids": k_segment_ids}
-        if "routes" in cache:  # every token's experts, recorded as it is run (routing replay R3)
-            new_cache["routes"] = jax.lax.dynamic_update_slice_in_dim(cache["routes"], aux["routes"], index, axis=2)
-        cache = new_cache
+        cache = {**cache, "k": k, "v": v}
     return hidden, cache, aux
 
 
 @checked  # a public entry point: misshapen inputs are named, with their axes
-def extend(
+def prefill(
     cfg: ModelConfig,
     params: Params,
     tokens: Int[ArrayLike, "batch time"],
     positions: Int[ArrayLike, "batch time"],
     segment_ids: Int[ArrayLike, "batch time"],
+) -> tuple[Float[Array, "batch time embed"], tuple[Array, Array], dict[str, Array]]:
+    """Encodes prompts for decoding: (final normed hidden, their keys and values stacked over layers
+    (k [layers, batch, kv_heads, head_dim, time], v [layers, batch, kv_heads, time, head_dim]: the
+    prefix of `init_cache`), aux as `forward_with_aux`'s). Segment id 0 marks left padding."""
+    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, emit_kv=True)
+    return hidden, aux.pop("kv"), aux
+
+
+@checked
+def decode(
+    cfg: ModelConfig,
+    params: Params,
     cache: Cache,
-    index: Int[Array, ""] | int,
-) -> tuple[Float[Array, "batch time embed"], Cache, dict[str, Array]]:
-    """Runs T new tokens written at cache slots [index, index+T), attending causally to every
-    earlier slot of the same segment id (0 = padding, never attended). Prefill: T = prompt length
-    at index 0; decode: T = 1. Returns (final normed hidden, updated cache, aux), where aux is
-    `forward_with_aux`'s (MoE models: router logits, routes, router entropy of the T tokens; the
-    routes are also written to the cache's slots). The caller keeps index + T <= max_len (a traced
-    index cannot be checked; XLA would clamp the write)."""
-    return _decoder(cfg, params, tokens, positions, segment_ids, cache, jnp.asarray(index, jnp.int32))
+    tokens: Int[ArrayLike, "slots"],
+    positions: Int[ArrayLike, "slots"],
+    written: Int[ArrayLike, "slots"],
+    prompt: Int[ArrayLike, "lanes lane_slots"],
+) -> tuple[Float[Array, "slots embed"], Cache, dict[str, Array]]:
+    """Feeds one token per slot at RoPE position `positions[s]`. Slots and prefixes (the prompts of
+    `init_cache`) are split into `lanes` equal consecutive blocks, one per device holding rows on a
+    mesh; slot s of lane l continues that lane's prefix `prompt[l, s]`, so no prompt crosses devices.
+    The token's key and value go to its slot's place `written[s]` (the number of its own tokens
+    already there), and it attends to its prompt and to its slot's tokens up to itself, in blocks of
+    `SLOT_BLOCK`, as many as the largest `written` needs: give an idle slot written 0. Returns (final
+    normed hidden, the updated cache, aux of the token: MoE routes etc.). The caller keeps written <
+    the slot cache's length (a traced index cannot be checked)."""
+    written = jnp.asarray(written, jnp.int32)
+    size = min(SLOT_BLOCK, _own_len(cache))
+    slots = _Slots(jnp.asarray(prompt, jnp.int32), written, cache["prefix_valid"], jnp.max(written) // size + 1)
+    ones = jnp.ones_like(tokens)[:, None]
+    hidden, cache, aux = _decoder(cfg, params, tokens[:, None], positions[:, None], ones, cache=cache, slots=slots)
+    return hidden[:, 0], cache, aux
+
+
+def _own_len(cache: Cache) -> int:
+    """The number of own tokens a slot cache holds per slot (the seq axis of v, before head_dim)."""
+    v = cache["v"][0] if isinstance(cache["v"], list) else cache["v"]
+    return v.shape[-2]
 
 
 @checked
@@ -564,9 +653,8 @@ def forward_shared_prefix(
     if tokens.shape[0] % prefix_tokens.shape[0]:
         raise ValueError(f"{tokens.shape[0]} rows do not continue {prefix_tokens.shape[0]} prefixes in equal runs: "
                          "give G rows per prefix, each prefix's rows consecutive")
-    prefix_hidden, _, aux = _decoder(cfg, params, prefix_tokens, prefix_positions, prefix_segment_ids, None, 0,
-                                     emit_kv=True)
-    hidden, _, _ = _decoder(cfg, params, tokens, positions, segment_ids, None, prefix_tokens.shape[1],
+    prefix_hidden, _, aux = _decoder(cfg, params, prefix_tokens, prefix_positions, prefix_segment_ids, emit_kv=True)
+    hidden, _, _ = _decoder(cfg, params, tokens, positions, segment_ids, prefix_tokens.shape[1],
                             prefix=(*aux["kv"], prefix_segment_ids))
     return prefix_hidden, hidden
 
@@ -594,7 +682,7 @@ def forward_with_aux(
             raise ValueError(f"routes replay mixture-of-experts routing, but this {cfg.model_type} model has no MoE layer")
         if tuple(routes.shape) != want:
             raise ValueError(f"routes {tuple(routes.shape)} must be [moe_layers, batch, seq, k] = {want}")
-    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, None, 0, routes)
+    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, routes=routes)
     return hidden, aux
 
 
