@@ -317,10 +317,10 @@ def rollout(
         valid = slot >= start
         hidden, kv, encoded = models.prefill(cfg, params, lane_tokens, jnp.maximum(slot - start, 0), valid.astype(jnp.int32))
         first_logits = models.unembed(cfg, params, hidden[:, -1])
-        cache = models.init_cache(cfg, kv, valid, num_slots, models.slot_cache_len(max(steps - 1, 1)))
+        cache = models.init_cache(cfg, kv, valid, num_slots, max(steps - 1, 1))
         if mesh is not None:
             cache = jax.lax.with_sharding_constraint(cache, models.cache_shardings(
-                cfg, mesh, num_slots, models.slot_cache_len(max(steps - 1, 1)), *valid.shape))
+                cfg, mesh, num_slots, max(steps - 1, 1), *valid.shape))
 
         # each row: its prefix within its lane, prompt length, key; its first token from the prefill
         row = np.arange(n).reshape(d, per)

@@ -162,8 +162,9 @@ def test_a_lora_run_resumes_exactly(lora_run):
 
 @pytest.mark.parametrize("layer_loop", ["unrolled", "scan"])
 def test_sampling_a_lora_policy_on_a_mesh_equals_one_device(layer_loop):
-    """The sampler over base weights with adapters attached, on a data x fsdp x tensor mesh, samples what
-    one device does, under either layer loop: unrolled, the sampler gathers the weights a param spec
+    """The sampler over base weights with adapters attached, on a data x fsdp x tensor mesh and 4 decode
+    slots for its 8 rows (one per lane), samples what one device does with all rows at once, under
+    either layer loop: unrolled, the sampler gathers the weights a param spec
     names once and leaves a LoRA weight's base and adapters in their layout; scanned, every layer's
     weights are sliced and gathered inside the layer scan."""
     cfg = dataclasses.replace(QWEN2, layer_loop=layer_loop, eos_token_id=3)
@@ -175,7 +176,7 @@ def test_sampling_a_lora_policy_on_a_mesh_equals_one_device(layer_loop):
     mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     placed = jax.device_put(adapters, sharding.spec_shardings(lora.specs(cfg, LORA), mesh))
     policy = lora.attach(models.shard_params(base, cfg, mesh), placed, LORA)
-    got = sampling.generate(cfg, policy, prompts, jax.random.key(4), scfg, mesh)
+    got = sampling.generate(cfg, policy, prompts, jax.random.key(4), dataclasses.replace(scfg, decode_slots=4), mesh)
     assert len(set(np.asarray(want.lengths).tolist())) > 1  # rows stop at different steps
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)

@@ -181,8 +181,9 @@ def test_slots_share_their_prompts_prefix(hf_dirs, lanes):
     _, kv, _ = jit_prefill(cfg, params, tokens, pos, seg)
     g = 3
     cache = models.init_cache(cfg, kv, jnp.asarray(seg > 0), 2 * g, 2)
-    assert cache["prefix_k"][0].shape == (2, cfg.num_kv_heads, cfg.head_dim, 4)  # each prompt stored once
-    assert cache["k"][0].shape == (2 * g, cfg.num_kv_heads, cfg.head_dim, 2)
+    shapes = lambda tree: {a.shape[-4:] for a in jax.tree.leaves(tree)}  # noqa: E731 — per layer, either layout
+    assert shapes(cache["prefix_k"]) == {(2, cfg.num_kv_heads, cfg.head_dim, 4)}  # each prompt stored once
+    assert shapes(cache["k"]) == {(2 * g, cfg.num_kv_heads, cfg.head_dim, 2)}
     prompt = np.repeat(np.arange(2), g)[None] if lanes == 1 else np.zeros((2, g), int)
     nxt = np.arange(4 * g).reshape(2 * g, 2) + 5
     next_pos = np.repeat(pos[:, -1:], g, axis=0) + np.arange(1, 3)
@@ -271,7 +272,7 @@ def test_auto_scans_the_layers_under_remat(monkeypatch):
     assert loops == {"scan": 2, "unrolled": 0, "auto": 2}
     assert temps["auto"] == temps["scan"] and temps["unrolled"] > 2 * temps["scan"]
     on_cpu = jax.default_backend() == "cpu"
-    assert isinstance(models.cache_specs(dataclasses.replace(base, layer_loop="auto"), 1, 4, 1, 4)["k"], list) == on_cpu
+    assert isinstance(models.cache_specs(dataclasses.replace(base, layer_loop="auto"), 1, 4, 1, 4)["prefix_k"], list) == on_cpu
 
 
 def test_auto_picks_the_layout_by_backend(monkeypatch):
@@ -296,11 +297,11 @@ def test_auto_picks_the_layout_by_backend(monkeypatch):
         cpu_layout = on_cpu and env != "accelerator"
         assert rule() == {(r, c): cpu_layout and (c or r == "none") for r, c in cases}, env
         assert rule("scan") == dict.fromkeys(cases, False) and rule("unrolled") == dict.fromkeys(cases, True)
-        k = models.cache_specs(base, 2, 5, 1, 4)["k"]
+        k = models.cache_specs(base, 2, 5, 1, 4)["k"]  # one block of 5 tokens
         if cpu_layout:
-            assert [a.shape for a in k] == [(2, 2, 8, 5)] * 3
+            assert [[a.shape for a in layer] for layer in k] == [[(2, 2, 8, 5)]] * 3
         else:
-            assert k.shape == (3, 2, 2, 8, 5)
+            assert [a.shape for a in k] == [(3, 2, 2, 8, 5)]
     monkeypatch.setenv(LAYOUT_ENV, "cpu")
     with pytest.raises(ValueError, match="GRPO_JAX_LAYOUT='cpu' is not understood; use 'accelerator' or leave it unset"):
         models.layers_unrolled(base)

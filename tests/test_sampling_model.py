@@ -218,10 +218,11 @@ def test_the_scanned_sampler_samples_what_the_unrolled_one_does(cfg):
     scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=64, group_size=2, temperature=0.9, decode_slots=3)
     scanned, unrolled = (dataclasses.replace(cfg, layer_loop=loop) for loop in ("scan", "unrolled"))
     kv = (cfg.num_kv_heads,) if cfg.num_kv_heads > 1 else ()
-    specs = models.cache_specs(scanned, 3, 5, 4, 8)
-    assert specs["k"].shape == (cfg.num_layers, 3, *kv, cfg.head_dim, 5)
+    specs = models.cache_specs(scanned, 3, 600, 4, 8)  # 3 slots of 600 tokens (3 blocks of 256), 4 prompts of 8
+    assert [b.shape for b in specs["k"]] == [(cfg.num_layers, 3, *kv, cfg.head_dim, 256)] * 3
     assert specs["prefix_v"].shape == (cfg.num_layers, 4, cfg.num_kv_heads, 8, cfg.head_dim)
-    assert [s.shape for s in models.cache_specs(unrolled, 3, 5, 4, 8)["v"]] == [(3, *kv, 5, cfg.head_dim)] * cfg.num_layers
+    unrolled_v = models.cache_specs(unrolled, 3, 600, 4, 8)["v"]
+    assert [[b.shape for b in layer] for layer in unrolled_v] == [[(3, *kv, 256, cfg.head_dim)] * 3] * cfg.num_layers
     prompts = pad_prompts(PROMPTS, scfg)
     a, b = (generate(c, params, prompts, jax.random.key(8), scfg) for c in (scanned, unrolled))
     assert len(set(np.asarray(b.lengths).tolist())) > 2  # rows stop at different steps
@@ -234,14 +235,14 @@ def test_the_scanned_sampler_samples_what_the_unrolled_one_does(cfg):
 
 @pytest.mark.parametrize("cfg", [DENSE, MOE, dataclasses.replace(DENSE, num_kv_heads=1)], ids=["dense", "moe", "mqa"])
 def test_rows_longer_than_an_attention_block_sample_what_a_full_forward_gives(cfg):
-    """Completions of up to 300 tokens span two blocks of `SLOT_BLOCK` (256) own tokens: the slot
+    """Completions of up to 300 tokens span two blocks of 256 own tokens (`slot_blocks`): the slot
     attention's online softmax over the prompt and the blocks a slot has written gives the log-probs
     of a full forward, on 3 slots as on all 16 rows at once (rows ending in both blocks)."""
     params = models.init(cfg, jax.random.key(0))
     scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=300, group_size=4)
     prompts = pad_prompts(PROMPTS, scfg)
     a, b = (generate(cfg, params, prompts, jax.random.key(3), s) for s in (scfg, dataclasses.replace(scfg, decode_slots=3)))
-    assert models.slot_cache_len(299) == 512 and models.decoder.SLOT_BLOCK == 256
+    assert models.slot_blocks(299) == (2, 256)
     assert {(n - 1) // 256 for n in np.asarray(a.lengths).tolist()} == {0, 1}  # rows end in both blocks
     tokens, segments = full_sequences(prompts, b, 4)
     logits = models.logits(cfg, params, tokens, segment_ids=segments)[:, 7:-1]
@@ -253,3 +254,32 @@ def test_rows_longer_than_an_attention_block_sample_what_a_full_forward_gives(cf
     np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-6)  # other matmul shapes: other rounding
     if cfg.num_experts:
         np.testing.assert_array_equal(b.routes, a.routes)
+
+
+@pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
+def test_decoding_reads_only_the_blocks_written(layer_loop):
+    """A slot cache of 600 tokens is 3 blocks of 256 (`slot_blocks`); with every slot's tokens in the
+    first, the step never reads the other two: filled with NaN (which any read would spread through the
+    softmax's weighted sum), they change nothing. Filled from a later step on, they would."""
+    cfg = dataclasses.replace(DENSE, layer_loop=layer_loop)
+    params = models.init(cfg, jax.random.key(0))
+    prompts = pad_prompts(PROMPTS, SCFG)
+    width = SCFG.max_prompt_len
+    valid = np.arange(width) >= width - np.asarray(prompts.lengths)[:, None]
+    positions = np.maximum(np.arange(width) - (width - np.asarray(prompts.lengths)[:, None]), 0)
+    _, kv, _ = models.prefill(cfg, params, prompts.tokens, positions, valid.astype(np.int32))
+    cache = models.init_cache(cfg, kv, jnp.asarray(valid), 4, 600)
+
+    def poison(cache, first):  # NaN in the blocks from `first` on, in either layout
+        blocks = lambda bs: [jnp.full_like(b, jnp.nan) if i >= first else b for i, b in enumerate(bs)]  # noqa: E731
+        per_layer = isinstance(cache["prefix_k"], list)
+        return {**cache, **{n: [blocks(layer) for layer in cache[n]] if per_layer else blocks(cache[n]) for n in ("k", "v")}}
+
+    step = jax.jit(models.decode, static_argnums=0)
+    args = (jnp.arange(4) + 3, jnp.asarray(prompts.lengths) + 200, jnp.full(4, 200), jnp.arange(4)[None])
+    clean, _, _ = step(cfg, params, cache, *args)
+    skipped, _, _ = step(cfg, params, poison(cache, 1), *args)
+    np.testing.assert_array_equal(skipped, clean)
+    assert np.isfinite(clean).all()
+    read, _, _ = step(cfg, params, poison(cache, 1), args[0], args[1] + 100, jnp.full(4, 300), args[3])
+    assert np.isnan(read).all()  # written 300: the second block is read

@@ -103,11 +103,11 @@ def test_cache_shardings_and_sharded_decode(params, layer_loop):
     mesh = sharding.make_mesh(MeshConfig(2, 2, 2))
     s = models.cache_shardings(cfg, mesh, 8, 2, 4, 3)  # 8 slots of 2 tokens, 4 prompts of 3
     rows = P(("data", "fsdp"), "tensor", None, None)
-    if layer_loop == "scan":
-        assert s["k"].spec == s["v"].spec == s["prefix_k"].spec == P(None, *rows)
-    else:
+    if layer_loop == "scan":  # k and v: a list of blocks (one here), each stacked over layers
+        assert s["k"][0].spec == s["v"][0].spec == s["prefix_k"].spec == P(None, *rows)
+    else:  # per layer
         assert len(s["k"]) == len(s["v"]) == len(s["prefix_v"]) == CFG.num_layers
-        assert s["k"][0].spec == s["v"][-1].spec == s["prefix_k"][0].spec == rows
+        assert s["k"][0][0].spec == s["v"][-1][0].spec == s["prefix_k"][0].spec == rows
     assert s["prefix_valid"].spec == P(("data", "fsdp"), None)
     tokens = np.arange(12).reshape(4, 3) % CFG.vocab_size
     seg, pos = np.ones_like(tokens), np.broadcast_to(np.arange(3), (4, 3))

@@ -20,11 +20,11 @@ Decoding (for sampling; one code path with `forward`): prompts are encoded once,
 continue them, each with its own tokens.
 
     hidden, prefix_kv, aux = prefill(cfg, params, tokens, positions, segment_ids)  # prompts' k and v
-    cache = init_cache(cfg, prefix_kv, prefix_valid, slots, slot_cache_len(max_new))
+    cache = init_cache(cfg, prefix_kv, prefix_valid, slots, max_len)
         {"prefix_k", "prefix_v": the prompts' keys and values, read-only (the G samples of a prompt
          share them), "prefix_valid": [prefixes, prompt_len] (False on left padding), "k", "v": each
-         slot's own tokens, written in place; per layer (unrolled) or stacked [layers, ...] (scan):
-         `cache_specs` has the layouts}
+         slot's own tokens, written in place, in `slot_blocks(max_len)` separate blocks; per layer
+         (unrolled) or stacked [layers, ...] (scan): `cache_specs` has the layouts}
     hidden, cache, aux = decode(cfg, params, cache, tokens, positions, written, prompt)
         one token per slot, written at its slot's place `written[s]`, attending to its lane's prompt
         `prompt[lane, s]` and its slot's tokens so far (lanes: one per device holding rows on a mesh)
@@ -61,7 +61,7 @@ from grpo_jax.models.decoder import (
     positions_from_segments,
     prefill,
     shard_params,
-    slot_cache_len,
+    slot_blocks,
     unembed,
     unembedding,
     unstack_layers,
@@ -92,7 +92,7 @@ __all__ = [
     "prefill",
     "save_hf",
     "shard_params",
-    "slot_cache_len",
+    "slot_blocks",
     "unembed",
     "unembedding",
     "unstack_layers",

@@ -81,28 +81,43 @@ def cache_specs(cfg: ModelConfig, slots: int, max_len: int, prefixes: int, promp
       head_dim]: the keys and values of the prompts, written once by `prefill` and then only read. A slot
       continues one of them, so the G samples of a prompt store it once.
     - "prefix_valid" [prefixes, prompt_len]: False on a prompt's left padding.
-    - "k" [slots, kv_heads, head_dim, max_len], "v" [slots, kv_heads, max_len, head_dim]: each slot's own
-      tokens, written in place one per decode step. A single kv head is stored without its unit axis:
-      XLA:CPU would otherwise run each step's in-place write twice, on two copies of the buffer.
+    - "k", "v": each slot's own `max_len` tokens, written in place one per decode step, as `slot_blocks`
+      separate buffers of a block of tokens each, k [slots, kv_heads, head_dim, block] and v [slots,
+      kv_heads, block, head_dim]: a step reads only the blocks written, each where it lies (XLA:CPU
+      copies a slice of a buffer before a matmul reads it). A single kv head is stored without its
+      unit axis: XLA:CPU would otherwise run each step's in-place write twice, on two copies.
 
-    k, v and the prefix follow the layer loop (`layers_unrolled`): unrolled, one buffer per layer, read
-    where it lies by its layer's attention; scanned, one buffer stacked over layers (the slots' carried
-    through the scan, the prefix a scan input)."""
+    They follow the layer loop (`layers_unrolled`): unrolled, per layer (k and v: per layer, a list of
+    blocks); scanned, stacked over layers (k and v: a list of blocks, each [layers, ...], carried
+    through the scan; the prefix a scan input)."""
     own = (slots, cfg.num_kv_heads) if cfg.num_kv_heads > 1 else (slots,)
     axes = ("batch", "kv_heads")[: len(own)]
+    blocks, size = slot_blocks(max_len)
     shared = (prefixes, cfg.num_kv_heads)
     specs = {
-        "k": ParamSpec((*own, cfg.head_dim, max_len), (*axes, None, "seq")),
-        "v": ParamSpec((*own, max_len, cfg.head_dim), (*axes, "seq", None)),
+        "k": [ParamSpec((*own, cfg.head_dim, size), (*axes, None, "seq"))] * blocks,
+        "v": [ParamSpec((*own, size, cfg.head_dim), (*axes, "seq", None))] * blocks,
         "prefix_k": ParamSpec((*shared, cfg.head_dim, prompt_len), ("batch", "kv_heads", None, "seq")),
         "prefix_v": ParamSpec((*shared, prompt_len, cfg.head_dim), ("batch", "kv_heads", "seq", None)),
     }
     if layers_unrolled(cfg):
         specs = {name: [s] * cfg.num_layers for name, s in specs.items()}
     else:
-        specs = {name: ParamSpec((cfg.num_layers, *s.shape), ("layers", *s.axes)) for name, s in specs.items()}
+        stack = lambda s: ParamSpec((cfg.num_layers, *s.shape), ("layers", *s.axes))  # noqa: E731
+        specs = {name: jax.tree.map(stack, s, is_leaf=is_spec) for name, s in specs.items()}
     specs["prefix_valid"] = ParamSpec((prefixes, prompt_len), ("batch", "seq"))
     return specs
+
+
+SLOT_BLOCK = 256  # the fewest own tokens of a slot cache block; a slot cache has at most MAX_SLOT_BLOCKS
+MAX_SLOT_BLOCKS = 16  # blocks: each is a branch of every layer's attention (program size)
+
+
+def slot_blocks(max_len: int) -> tuple[int, int]:
+    """(blocks, tokens per block) of a slot cache for `max_len` own tokens: one block up to
+    `SLOT_BLOCK`, then blocks of `SLOT_BLOCK`, larger beyond `MAX_SLOT_BLOCKS` of them."""
+    size = min(max_len, max(SLOT_BLOCK, -(-max_len // MAX_SLOT_BLOCKS)))
+    return -(-max_len // size), size
 
 
 def param_shardings(tree: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
@@ -148,7 +163,7 @@ def init(cfg: ModelConfig, rng: jax.Array) -> Params:
 def init_cache(cfg: ModelConfig, prefix_kv: tuple[Array, Array], prefix_valid: Bool[Array, "prefixes prompt_len"],
                slots: int, max_len: int) -> Cache:
     """The decoding cache (`cache_specs`) of prompts encoded by `prefill` (`prefix_kv`, stacked over
-    layers) for `slots` rows of up to `max_len` tokens each, their own slots empty, in the compute dtype."""
+    layers) for `slots` rows of up to `max_len` own tokens each, their blocks empty, in the compute dtype."""
     k, v = (a.astype(cfg.jnp_compute_dtype) for a in prefix_kv)
     specs = cache_specs(cfg, slots, max_len, *prefix_valid.shape)
     zeros = lambda s: jnp.zeros(s.shape, cfg.compute_dtype)  # noqa: E731
@@ -276,9 +291,10 @@ def _attention(cfg, p, x, positions, segment_ids, k_segment_ids, index, prefix=N
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)  # the cache layout (see _xla_attention)
     own = (k, v)
     if slots is not None:
-        kv = (_write_slots(kv[0], k[..., 0], slots.written, -1, layer),
-              _write_slots(kv[1], v[:, :, 0], slots.written, -2, layer))
-        mine = kv if layer is None else (kv[0][layer], kv[1][layer])
+        size = kv[1][0].shape[-2]  # tokens per block
+        kv = ([_write_slots(b, k[..., 0], slots.written - i * size, -1, layer) for i, b in enumerate(kv[0])],
+              [_write_slots(b, v[:, :, 0], slots.written - i * size, -2, layer) for i, b in enumerate(kv[1])])
+        mine = kv if layer is None else tuple([b[layer] for b in blocks] for blocks in kv)
         out = _slot_attention(q, prefix, mine, slots)
     else:
         if prefix is not None:
@@ -296,9 +312,9 @@ def _attention(cfg, p, x, positions, segment_ids, k_segment_ids, index, prefix=N
 
 
 def _write_slots(buffer, new, written, seq_axis: int, layer=None):
-    """`buffer` (a slot cache's k or v, or stacked over layers) with slot s's `new` [slots, kv_heads,
-    head_dim] written in place at its place `written[s]` along `seq_axis` (in layer `layer`'s slice
-    when stacked)."""
+    """`buffer` (a block of a slot cache's k or v, or stacked over layers) with slot s's `new` [slots,
+    kv_heads, head_dim] written in place at its place `written[s]` along `seq_axis` (in layer `layer`'s
+    slice when stacked); a place outside the block writes nothing."""
     unit = buffer.ndim == 3 + (layer is not None)  # one kv head, stored without its axis (cache_specs)
     new = (new[:, 0] if unit else new).astype(buffer.dtype)
     seq = seq_axis % buffer.ndim
@@ -307,11 +323,12 @@ def _write_slots(buffer, new, written, seq_axis: int, layer=None):
     if layer is not None:
         index[0] = layer
     index[start], index[seq] = jnp.arange(new.shape[0]), written
-    return buffer.at[tuple(index)].set(new, mode="promise_in_bounds")
+    return buffer.at[tuple(index)].set(new, mode="drop")
 
 
 class _Slots(NamedTuple):
-    """What `_slot_attention` reads besides the keys and values: see `decode`; `blocks` bounds its loop."""
+    """What `_slot_attention` reads besides the keys and values: see `decode`; `blocks`: how many of
+    the slot cache's blocks hold a written token."""
 
     prompt: Int[Array, "lanes lane_slots"]
     written: Int[Array, "slots"]
@@ -319,21 +336,12 @@ class _Slots(NamedTuple):
     blocks: Int[Array, ""]
 
 
-SLOT_BLOCK = 256  # a slot's own tokens attended per iteration of `_slot_attention`
-
-
-def slot_cache_len(max_len: int) -> int:
-    """The length of a slot cache holding `max_len` tokens: `max_len` up to `SLOT_BLOCK`, above it a
-    multiple of `SLOT_BLOCK` (`_slot_attention` reads it in whole blocks)."""
-    return max_len if max_len <= SLOT_BLOCK else -(-max_len // SLOT_BLOCK) * SLOT_BLOCK
-
-
 def _slot_attention(q, prefix, own, slots: _Slots):
-    """One query per slot against its prompt's keys (`prefix`, gathered per slot) and its own written
-    keys (`own`, the slot cache): softmax attention computed online, one pass over the prompt and then
-    blocks of `SLOT_BLOCK` own slots, only as many blocks as the longest slot has written. A block
-    past a slot's written places adds exactly nothing to it, so a slot's output does not depend on
-    the other slots. Logits, softmax and accumulation in float32, as in `_xla_attention`."""
+    """One query per slot against its prompt's keys (`prefix`, gathered per slot) and its own keys (`own`:
+    the slot cache's blocks): softmax attention computed online, over the prompt and then the blocks
+    that hold a written token, the others skipped (`jax.lax.cond`). A block past a slot's written
+    places adds exactly nothing to it, so a slot's output does not depend on the other slots. Logits,
+    softmax and accumulation in float32, as in `_xla_attention`."""
     s, _, n, hd = q.shape
     lanes = slots.prompt.shape[0]
     pk, pv = prefix
@@ -345,11 +353,11 @@ def _slot_attention(q, prefix, own, slots: _Slots):
         a = a.reshape(lanes, -1, *a.shape[1:])
         return jax.vmap(lambda a, i: a[i])(a, slots.prompt).reshape(s, *a.shape[2:])
 
-    def scores(keys, valid):
+    def add(state, keys, values, valid):  # the online softmax's update with keys [s, k, hd, w], values [s, k, w, hd]
+        if keys.ndim == 3:  # one kv head, stored without its axis
+            keys, values = keys[:, None], values[:, None]
         x = jnp.einsum("skgh,skhw->skgw", qg, keys.astype(q.dtype), preferred_element_type=jnp.float32) * scale
-        return jnp.where(valid[:, None, None, :], x, -jnp.inf)
-
-    def add(state, x, values):  # the online softmax's update with scores x of values [s, k, w, hd]
+        x = jnp.where(valid[:, None, None, :], x, -jnp.inf)
         top, total, acc = state
         new_top = jnp.maximum(top, jnp.max(x, axis=-1, keepdims=True))
         p = jnp.exp(x - new_top)  # masked: exp(-inf) = 0; a block all masked leaves the state as it was
@@ -359,21 +367,13 @@ def _slot_attention(q, prefix, own, slots: _Slots):
         return new_top, total * shrink + jnp.sum(p, axis=-1, keepdims=True), acc
 
     empty = jnp.full((*qg.shape[:3], 1), -jnp.inf), jnp.zeros((*qg.shape[:3], 1)), jnp.zeros(qg.shape)
-    state = add(empty, scores(mine(pk), mine(slots.prefix_valid)), mine(pv))  # a prompt has a token: finite
-    k, v = own
-    if k.ndim == 3:  # one kv head, stored without its axis
-        k, v = k[:, None], v[:, None]
-
-    size = min(SLOT_BLOCK, v.shape[2])
-
-    def block(i, state):
-        start = i * size
-        keys = jax.lax.dynamic_slice_in_dim(k, start, size, axis=3)
-        values = jax.lax.dynamic_slice_in_dim(v, start, size, axis=2)
-        valid = start + jnp.arange(size) <= slots.written[:, None]
-        return add(state, scores(keys, valid), values)
-
-    _, total, acc = jax.lax.fori_loop(0, slots.blocks, block, state)
+    state = add(empty, mine(pk), mine(pv), mine(slots.prefix_valid))  # a prompt has a token: finite
+    size = own[1][0].shape[-2]
+    for i, (keys, values) in enumerate(zip(*own)):
+        valid = i * size + jnp.arange(size) <= slots.written[:, None]
+        block = functools.partial(add, keys=keys, values=values, valid=valid)
+        state = block(state) if i == 0 else jax.lax.cond(i < slots.blocks, block, lambda state: state, state)
+    _, total, acc = state
     return (acc / total).reshape(s, 1, n, hd).astype(q.dtype)
 
 
@@ -540,7 +540,7 @@ def _decoder(cfg, params, tokens, positions, segment_ids, index=0, routes=None, 
         return _constrain(x + m, ("batch", "seq", "embed")), kv, (routing, own if emit_kv else None)
 
     # unrolled over one weight tree and cache buffer per layer (`unstack_layers`, `cache_specs`), or scanned
-    per_layer = isinstance(params["layers"], list) or (cache is not None and isinstance(cache["k"], list))
+    per_layer = isinstance(params["layers"], list) or (cache is not None and isinstance(cache["prefix_k"], list))
     kv = None if cache is None else [] if per_layer else (cache["k"], cache["v"])  # stacked: carried
     routing, emitted = [], []
     for is_moe, start, stop, kind_start in _runs(cfg):  # per run of layers of one kind: a scan, or unrolled
@@ -616,22 +616,16 @@ def decode(
     `init_cache`) are split into `lanes` equal consecutive blocks, one per device holding rows on a
     mesh; slot s of lane l continues that lane's prefix `prompt[l, s]`, so no prompt crosses devices.
     The token's key and value go to its slot's place `written[s]` (the number of its own tokens
-    already there), and it attends to its prompt and to its slot's tokens up to itself, in blocks of
-    `SLOT_BLOCK`, as many as the largest `written` needs: give an idle slot written 0. Returns (final
+    already there), and it attends to its prompt and to its slot's tokens up to itself, over as many of
+    the cache's blocks as the largest `written` needs: give an idle slot written 0. Returns (final
     normed hidden, the updated cache, aux of the token: MoE routes etc.). The caller keeps written <
     the slot cache's length (a traced index cannot be checked)."""
     written = jnp.asarray(written, jnp.int32)
-    size = min(SLOT_BLOCK, _own_len(cache))
+    size = jax.tree.leaves(cache["v"])[0].shape[-2]  # tokens per block
     slots = _Slots(jnp.asarray(prompt, jnp.int32), written, cache["prefix_valid"], jnp.max(written) // size + 1)
     ones = jnp.ones_like(tokens)[:, None]
     hidden, cache, aux = _decoder(cfg, params, tokens[:, None], positions[:, None], ones, cache=cache, slots=slots)
     return hidden[:, 0], cache, aux
-
-
-def _own_len(cache: Cache) -> int:
-    """The number of own tokens a slot cache holds per slot (the seq axis of v, before head_dim)."""
-    v = cache["v"][0] if isinstance(cache["v"], list) else cache["v"]
-    return v.shape[-2]
 
 
 @checked
