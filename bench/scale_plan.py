@@ -18,6 +18,10 @@ completions <= 512 tokens, 4 minibatches of 128 completions, 4 micro-batches of 
 
     python -m bench.scale_plan                    # every cell; table + results/scale_plan.json
     python -m bench.scale_plan --cell Qwen3-8B 64 # one cell, as JSON on stdout (what the driver runs)
+
+Long rollouts: `--max-new-tokens 16384 --slots-per-device K` plans completions of up to 16k tokens,
+decoded on K slots per device holding rows (`sampling.decode_slots`; 0: all rows at once), into
+results/scale_plan_new16384_slotsK.json.
 """
 
 import argparse
@@ -61,7 +65,7 @@ def model_configs():
     }
 
 
-def cell(name: str, devices: int, moe_impl: str) -> dict:
+def cell(name: str, devices: int, moe_impl: str, max_new_tokens: int = 0, slots_per_device: int = 0) -> dict:
     """Compiles both programs of one (model, mesh) and returns their per-device bytes."""
     import jax
     import jax.numpy as jnp
@@ -78,7 +82,10 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
                                                               layer_loop="scan"))
     fsdp, tensor, expert = MESHES["moe" if model.num_experts else "dense"][devices]
     mesh_cfg = MeshConfig(data=1, fsdp=fsdp, tensor=tensor, expert=expert)
-    cfg = dataclasses.replace(base, model=model, model_path="", model_options=ModelOptions(), mesh=mesh_cfg)
+    sampling_cfg = dataclasses.replace(base.sampling, max_new_tokens=max_new_tokens or base.sampling.max_new_tokens,
+                                       decode_slots=slots_per_device * fsdp)  # data=1: rows split over fsdp
+    cfg = dataclasses.replace(base, model=model, model_path="", model_options=ModelOptions(), mesh=mesh_cfg,
+                              sampling=sampling_cfg)
     mesh = sharding.make_mesh(cfg.mesh)
     s, t = cfg.sampling, cfg.train
     rows = t.prompts_per_step * s.group_size // t.minibatches
@@ -101,6 +108,7 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     nbytes = lambda tree, shard: sum(  # noqa: E731 — per-device bytes of a sharded pytree
         a.dtype.itemsize * math.prod(sh.shard_shape(a.shape)) for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shard)))
     out = dict(model=name, devices=devices, mesh=dict(fsdp=fsdp, tensor=tensor, expert=expert), moe_impl=moe_impl,
+               max_new_tokens=s.max_new_tokens, decode_slots=s.decode_slots,
                params_bytes=nbytes(state.params, state_sharding.params),
                opt_state_bytes=nbytes(state.opt_state, state_sharding.opt_state))
     programs = {
@@ -125,11 +133,11 @@ def cell(name: str, devices: int, moe_impl: str) -> dict:
     return out
 
 
-def run_cell(name: str, devices: int, moe_impl: str) -> dict:
+def run_cell(name: str, devices: int, moe_impl: str, max_new_tokens: int, slots_per_device: int) -> dict:
     """`cell` in a fresh process with `devices` simulated CPU devices; records its wall time and peak RSS."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "bench.scale_plan", "--cell", name, str(devices),
-           "--moe-impl", moe_impl]
+           "--moe-impl", moe_impl, "--max-new-tokens", str(max_new_tokens), "--slots-per-device", str(slots_per_device)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
@@ -174,18 +182,22 @@ def main():
     parser.add_argument("--cell", nargs=2, metavar=("MODEL", "DEVICES"))
     parser.add_argument("--moe-impl", default="dense", choices=("dense", "ragged"))
     parser.add_argument("--models", nargs="*", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=0, help="completion length (0: the gsm8k config's)")
+    parser.add_argument("--slots-per-device", type=int, default=0, help="decode slots per device holding rows (0: all rows)")
     args = parser.parse_args()
+    long = (args.max_new_tokens, args.slots_per_device)
     if args.cell:  # jax is imported after this: the simulated device count takes effect
         os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={args.cell[1]}")
-        print(json.dumps(cell(args.cell[0], int(args.cell[1]), args.moe_impl)))
+        print(json.dumps(cell(args.cell[0], int(args.cell[1]), args.moe_impl, *long)))
         return
+    out = OUT if long == (0, 0) else OUT.with_name(f"scale_plan_new{long[0]}_slots{long[1]}.json")
     results = []
     for name, model in model_configs().items():
         if args.models and name not in args.models:
             continue
         for devices in DEVICES:
             for impl in ("dense", "ragged") if model.num_experts else ("dense",):
-                results.append(run_cell(name, devices, impl))
+                results.append(run_cell(name, devices, impl, *long))
                 print(table(results[-1:]).splitlines()[-1], f"(wall {results[-1].get('wall_s')} s)", flush=True)
     plan = smallest_fits(results)
     print("\n" + table(results) + "\n")
@@ -194,10 +206,10 @@ def main():
             best = plan.get(name, {}).get(budget)
             where = f"{best['devices']} devices ({best['moe_impl']})" if best else f"no mesh up to {DEVICES[-1]}"
             print(f"{name} on {budget} ({gib} GiB): {where}")
-    OUT.write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor()
+    out.write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=platform.processor()
                                    or platform.machine(), cpus=os.cpu_count(), budgets_gib=BUDGETS_GIB,
                                    smallest_fits=plan, cells=results), indent=2))
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
