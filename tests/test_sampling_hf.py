@@ -28,8 +28,11 @@ def hf_greedy(model, eos):
     return out[:, width:].numpy()
 
 
+@pytest.mark.parametrize("slots", [0, 2], ids=["all-rows", "2-slots"])
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_greedy_equals_transformers(arch, tmp_path):
+def test_greedy_equals_transformers(arch, slots, tmp_path):
+    """Rows stop at different steps; with 2 decode slots for 4 rows, rows that stop early hand their
+    slot to the next (continuous batching), and every row still decodes what transformers does."""
     torch.manual_seed(0)
     config_cls, model_cls = {"qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
                              "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[arch]
@@ -41,7 +44,8 @@ def test_greedy_equals_transformers(arch, tmp_path):
 
     cfg, params = models.load_hf(tmp_path)
     cfg = dataclasses.replace(cfg, eos_token_id=eos)
-    scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=NEW, group_size=1, greedy=True, stop_tokens=(stop,))
+    scfg = SamplingConfig(max_prompt_len=8, max_new_tokens=NEW, group_size=1, greedy=True, stop_tokens=(stop,),
+                          decode_slots=slots)
     out = generate(cfg, params, pad_prompts(PROMPTS, scfg), jax.random.key(0), scfg)
     lengths = np.asarray(out.lengths)
     assert lengths[0] <= 5 and lengths[2] <= 6

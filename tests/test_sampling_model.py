@@ -283,3 +283,18 @@ def test_decoding_reads_only_the_blocks_written(layer_loop):
     assert np.isfinite(clean).all()
     read, _, _ = step(cfg, params, poison(cache, 1), args[0], args[1] + 100, jnp.full(4, 300), args[3])
     assert np.isnan(read).all()  # written 300: the second block is read
+
+
+def test_a_step_writes_its_token_into_its_block_only():
+    """Slot s writes its key and value at its place `written[s]`, in the block holding it; the other
+    blocks keep what they held (a negative place in a later block is out of range, not wrapped)."""
+    cfg = dataclasses.replace(DENSE, layer_loop="unrolled")
+    params = models.init(cfg, jax.random.key(0))
+    _, kv, _ = models.prefill(cfg, params, jnp.ones((2, 3), jnp.int32), jnp.tile(jnp.arange(3), (2, 1)), jnp.ones((2, 3), jnp.int32))
+    cache = models.init_cache(cfg, kv, jnp.ones((2, 3), bool), 2, 600)  # 3 blocks of 256
+    _, cache, _ = models.decode(cfg, params, cache, jnp.array([4, 5]), jnp.array([13, 303]), jnp.array([10, 300]),
+                                jnp.arange(2)[None])
+    v = [np.asarray(b) for b in cache["v"][0]]  # layer 0's blocks [slots, kv_heads, 256, head_dim]
+    written = [np.flatnonzero(np.abs(b).sum(axis=(1, 3)).T.any(axis=1)) for b in v]  # places holding a value
+    assert [w.tolist() for w in written] == [[10], [44], []]  # slot 0 at 10 (block 0), slot 1 at 300 = 256 + 44
+    assert np.abs(v[0][1]).sum() == 0 and np.abs(v[1][0]).sum() == 0

@@ -322,7 +322,8 @@ def _write_slots(buffer, new, written, seq_axis: int, layer=None):
     start = 0 if layer is None else 1
     if layer is not None:
         index[0] = layer
-    index[start], index[seq] = jnp.arange(new.shape[0]), written
+    index[start] = jnp.arange(new.shape[0])
+    index[seq] = jnp.where(written < 0, buffer.shape[seq], written)  # .at wraps negative indices: make them out of range
     return buffer.at[tuple(index)].set(new, mode="drop")
 
 
