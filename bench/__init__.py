@@ -10,9 +10,9 @@ Run one from the repository root as a module, e.g. `python -m bench.rl_step --he
     peer_tunix     Tunix on the RL-step workload (in its own virtual environment)
     sweep          train update, forward and greedy decoding around the workload's shape, vs transformers
     scan_layers    the layer scan against unrolled layers in training
-    cache_segments decoding with a KV cache grown in segments against the whole cache
     decode_depth   the sampler's program size and compile time against depth
     sampler        sampling throughput against transformers' generate
+    long_tail      rollouts of long-tailed lengths: continuous batching vs lock-step and transformers
     logprobs       fused log-probs against full logits: memory and time
     prefix_grouper Prefix Grouper against the per-row update
     packing        packed rows against padded rows in the update

@@ -20,8 +20,8 @@ sections not run keep what the results file already holds):
              16 rows as run (the layer scan, log-probs chunked), unrolled, and by the Triton kernels,
              and 64 rows under remat="full" (its recompute is not counted).
   decode     greedy decoding (ignore_eos) in bfloat16 under the layer scan and unrolled: bytes each
-             step must read (every weight once, the KV cache of every row at the step's context) over
-             time, against the copy bandwidth.
+             step must read (every weight once, every row's prompt and its slot's own cache: one block
+             of models.slot_blocks at 256 new tokens, read whole) over time, against the copy bandwidth.
 Times are medians after a warm-up; "compile_s" is the first call less the median.
 """
 
@@ -206,12 +206,16 @@ def _decode(a: argparse.Namespace, layer_loop: str, rows: int, copy_gbps: float)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     prompt_len, new = a.decode_shape
     greedy = SamplingConfig(max_prompt_len=prompt_len, max_new_tokens=new, group_size=1, greedy=True,
-                            ignore_eos=True, cache_segments=1)
+                            ignore_eos=True)
     ids = np.random.default_rng(rows).integers(3, mcfg.vocab_size, (rows, prompt_len))
     prompts = sampling.pad_prompts(ids.tolist(), greedy)
     t = timed(lambda: jax.block_until_ready(sampling.generate(mcfg, params, prompts, jax.random.key(0), greedy)), a.reps)
-    # cache_segments=1: every step attends over the whole prompt_len + new slot cache
-    kv_bytes = rows * mcfg.num_layers * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * (prompt_len + new)
+    # every row its own prompt (group_size 1) and its slot's whole cache (models.slot_blocks): exact up to
+    # new = SLOT_BLOCK + 1 (one block, read whole by every step), above it an upper bound (a step reads
+    # only the blocks written)
+    blocks, block = models.slot_blocks(max(new - 1, 1))
+    kv_slots = prompt_len + blocks * block
+    kv_bytes = rows * mcfg.num_layers * 2 * mcfg.num_kv_heads * mcfg.head_dim * 2 * kv_slots
     step_s = t["median_s"] / new
     out = dict(layer_loop=layer_loop, rows=rows, prompt_len=prompt_len, new=new, **t, step_ms=step_s * 1e3,
                tokens_per_s=rows * new / t["median_s"], param_gb=param_bytes / 1e9, kv_gb=kv_bytes / 1e9,
