@@ -37,7 +37,8 @@ tests/test_gspo_paper_configs.py builds both arms and lowers their train step wi
 on 256 simulated devices (2 of the 48 layers, every other shape real); it does not compile or run it.
 Compiled once for 256 simulated CPU devices with all 48 layers (the GRPO arm, the way bench/scale_plan.py
 measures), XLA's memory analysis gave 68.4 GiB per device for the train step and 17.8 GiB for the
-sampler (with the optimizer state resident): under a v5p chip's 95 GiB, over a v5e's 16. CPU buffer
+sampler (with the optimizer state resident; measured with the lock-step sampler that continuous
+batching replaced, not re-measured since): under a v5p chip's 95 GiB, over a v5e's 16. CPU buffer
 assignment is an estimate of the TPU compiler's; no run on TPU was made.
 """
 
