@@ -22,7 +22,6 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from grpo_jax import models, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
-from grpo_jax.models.decoder import Cache
 
 
 @typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
@@ -166,25 +165,6 @@ def _first_reaching(cum, weights, target):
     """
     last = jnp.max(jnp.where(weights > 0, cum, -jnp.inf), axis=-1)
     return jnp.argmax((cum >= jnp.minimum(target, last)[:, None]) & (weights > 0), axis=-1)
-
-
-def generate(
-    cfg: ModelConfig,
-    params,
-    prompts: Prompts,
-    rng: Key[Array, ""],
-    sampling_cfg: SamplingConfig,
-    mesh: Mesh | None = None,
-) -> Rollout:
-    """`group_size` completions of every prompt, stopping at `cfg.eos_token_id` or `stop_tokens`.
-
-    With a mesh, pass params placed by `grpo_jax.models.shard_params`; rows and the KV cache are
-    sharded by the `batch` rule (data, fsdp), kv heads by `kv_heads` (tensor). Compiled once per
-    (configs, mesh, number of prompts). The cache is allocated inside the program, so XLA updates it
-    in place across decode steps; params are only read (the trainer keeps them, so no donation).
-    """
-    stop_ids = check_prompts(cfg, prompts, sampling_cfg)
-    return rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
 
 
 def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
