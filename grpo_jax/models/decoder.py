@@ -1,15 +1,16 @@
 """The decoder (Llama, Qwen2/2.5, Qwen3, Qwen3-MoE) as pure functions of (config, params, inputs).
 
-One code path: `extend` runs T new tokens against an optional KV cache; `forward` is the no-cache
-case. Attention masks are built from segment ids and cache slots, never from positions, so left
-padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE uses
-the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig.layer_loop` runs
+One code path (`_decoder`): `forward` runs whole rows, `prefill` encodes prompts and returns their keys
+and values, and `decode` feeds one token per decoding slot against a prompt stored once and the slot's
+own tokens (`init_cache`). Attention masks are built from segment ids and places, never from positions,
+so left padding (segment 0) and packing (several segment ids in one row) need nothing special; RoPE
+uses the positions given. Layers of one kind (dense or MoE) are stacked; `ModelConfig.layer_loop` runs
 them under one `jax.lax.scan` ("scan": the program's size and compile time do not grow with depth,
 and on a mesh each layer's weights are gathered inside the loop, one layer at a time) or unrolled
 ("unrolled"). "auto", the default, picks by backend: the scan on TPU and GPU (the accelerator
 layout), unrolled on CPU except training under remat; `layers_unrolled` states the rule and why, and
-bench/README.md measures both. With a KV cache (sampling) the scan carries it stacked over layers;
-unrolled, each layer reads and writes its own cache buffer.
+bench/README.md measures both. Decoding under the scan carries the slots' cache stacked over layers;
+unrolled, each layer reads and writes its own buffers.
 """
 
 import functools
