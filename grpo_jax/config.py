@@ -165,6 +165,9 @@ class TrainConfig:
     # to that width: completions that stop early cost their tokens, not the width. The same log-probs and
     # gradients (up to float rounding). The host loop (trainer) only, without prefix_grouper.
     packing: bool = False
+    # Completion-length bucket edges (tokens, increasing) of the per-length token-ratio metrics
+    # (algorithms.ratio_by_length: within-completion log-ratio variance per bucket); () reports none.
+    length_buckets: tuple[int, ...] = ()
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -181,6 +184,8 @@ class TrainConfig:
             "checkpoint_every": (self.checkpoint_every >= 1, "must be >= 1 (steps between checkpoints)"),
             "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
             "max_skipped_steps": (self.max_skipped_steps >= 1, "must be >= 1"),
+            "length_buckets": (all(0 < a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)),
+                               "must be increasing positive token counts, e.g. (64, 128)"),
         }, self)
 
 
@@ -276,7 +281,7 @@ def flatten(cfg) -> dict:
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
-    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
     "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
     "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before

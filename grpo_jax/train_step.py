@@ -291,6 +291,8 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
         normalizer=normalizer,
         stats=stats,
     )
+    if cfg.train.length_buckets:
+        metrics.update(algorithms.ratio_by_length(logp, old_logp, batch.mask, cfg.train.length_buckets))
     counts = None
     if "routes" in aux:  # MoE
         routing_metrics, counts = routing.metrics(aux, batch.routes, replayed is not None, batch.mask,

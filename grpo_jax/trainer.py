@@ -510,6 +510,7 @@ class Trainer:
             "groups/gen_rounds": float(rounds),
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
+            **{f"completion/length_p{q}": float(np.percentile(lengths, q)) for q in (10, 50, 90)},
             "completion/truncated_frac": float(truncated.mean()),
             "time/sample_s": sample_time,  # generation, tokenizing, decoding and rewards
             "time/generate_s": sum(s["generate_s"] for s in drawn),  # the jitted sampler alone
@@ -600,6 +601,7 @@ class Trainer:
         and the padding's rows enter no metric and no record (no problem is dropped or counted twice)."""
         examples, n = self.task.held_out, self.cfg.train.eval_samples
         rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
+        buckets = [ex["bucket"] for ex in examples] if all("bucket" in ex for ex in examples) else None
         padded = [*examples, *[examples[0]] * (-len(examples) % self.shards)]
         out = {}
         for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
@@ -609,7 +611,7 @@ class Trainer:
             s = {**s, "rewards": s["rewards"][:real], "lengths": s["lengths"][:real],
                  "correct": None if s["correct"] is None else s["correct"][:real]}
             total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), s["lengths"]
-            out.update(evaluation.summarize(mode, g, total, lengths, s["correct"]))
+            out.update(evaluation.summarize(mode, g, total, lengths, s["correct"], buckets))
             if greedy:  # every example's completion, whichever process sampled it
                 tokens = sharding.gather(s["rollout"].tokens)[:real]
                 completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]

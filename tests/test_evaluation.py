@@ -45,3 +45,12 @@ def test_pass_ks_and_summary_by_hand():
     assert out["eval/pass@2"] == pytest.approx((0.5 + 1.0) / 2)  # 1 - C(3,2)/C(4,2) = 1/2 for the first prompt
     assert out["eval/pass@4"] == 1.0
     assert "eval/accuracy_greedy" not in evaluation.summarize("greedy", 1, np.zeros(2), np.ones(2), None)
+
+
+def test_accuracy_per_bucket_by_hand():
+    # 3 prompts x 2 samples, prompt-major: prompt 0 (short) 1 of 2 right, prompt 1 (long) 2 of 2, prompt 2 (short) 0.
+    correct = np.array([1, 0, 1, 1, 0, 0], bool)
+    out = evaluation.summarize("sampled", 2, np.zeros(6), np.ones(6), correct, ["short", "long", "short"])
+    assert out["eval/accuracy_sampled@short"] == 0.25 and out["eval/accuracy_sampled@long"] == 1.0
+    assert out["eval/accuracy_sampled"] == 0.5
+    assert not any(k.startswith("eval/accuracy_sampled@") for k in evaluation.summarize("sampled", 2, np.zeros(6), np.ones(6), correct))

@@ -48,3 +48,23 @@ def test_mismatched_metrics_are_errors():
         metrics.combine({"a": Metric.sum(1.0)}, {"b": Metric.sum(1.0)})
     with pytest.raises(ValueError, match="reduction='avg'"):
         Metric(jnp.float32(0), jnp.float32(0), "avg")
+
+
+def test_ratio_by_length_against_float64_numpy():
+    """Per length bucket: the within-completion variance of the token log-ratios, the |mean| log-ratio and
+    the count, from a numpy float64 loop over completions (lengths 1, 3, 5, 9; edges (2, 6))."""
+    from grpo_jax import algorithms
+
+    rng = np.random.default_rng(0)
+    lengths, width = np.array([1, 3, 5, 9]), 10
+    mask = (np.arange(width)[None] < lengths[:, None]).astype(np.float32)
+    logp, old = rng.normal(size=(2, 4, width)).astype(np.float32)
+    got = {k: float(m.read()) for k, m in algorithms.ratio_by_length(logp, old, mask, (2, 6)).items()}
+    d = [(logp[i] - old[i]).astype(np.float64)[:n] for i, n in enumerate(lengths)]
+    buckets = {"0-2": [0], "2-6": [1, 2], "6-inf": [3]}
+    for name, rows in buckets.items():
+        assert got[f"length/sequences@{name}"] == len(rows)
+        np.testing.assert_allclose(got[f"ratio/seq_log_ratio_abs@{name}"], np.mean([abs(d[i].mean()) for i in rows]),
+                                   rtol=1e-5)
+        var = [d[i].var(ddof=1) for i in rows if lengths[i] >= 2]
+        np.testing.assert_allclose(got[f"ratio/token_log_var@{name}"], np.mean(var) if var else 0.0, rtol=1e-5)

@@ -14,7 +14,7 @@ from grpo_jax.algorithms.aggregation import AGGREGATIONS, AggregationParams, Nor
 from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, preset
 from grpo_jax.algorithms.kl import KL_ESTIMATORS, kl_estimator
 from grpo_jax.algorithms.losses import LOSSES, LossInputs, LossParams, LossTerms, loss
-from grpo_jax.algorithms.objective import policy_loss
+from grpo_jax.algorithms.objective import policy_loss, ratio_by_length
 from grpo_jax.algorithms.ratio import clipped_surrogate
 from grpo_jax.algorithms.step_stats import StepStats, needs_step_stats, step_stats
 
@@ -22,5 +22,5 @@ __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "AdvantageParams", "AggregationParams",
     "AlgorithmConfig", "LossInputs", "LossParams", "LossTerms", "Normalizer", "StepStats", "advantage", "aggregation",
     "clipped_surrogate", "compute_advantages", "kl_estimator", "loss", "needs_step_stats", "normalizer",
-    "overlong_penalty", "policy_loss", "preset", "step_stats",
+    "overlong_penalty", "policy_loss", "preset", "ratio_by_length", "step_stats",
 ]

@@ -122,3 +122,27 @@ def policy_loss(
     metrics["ratio_max"] = Metric.max(ratio, mask)
     metrics["log_ratio_abs_max"] = Metric.max(jnp.abs(d), mask)
     return loss_value, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def ratio_by_length(logp, old_logp, mask, edges: tuple[int, ...]) -> dict[str, Metric]:
+    """The token-ratio noise GSPO's argument is about (arXiv 2507.18071, sec. 3.1: token-level weights
+    are single-sample estimates whose noise accumulates with length), per completion-length bucket
+    [0, e1), [e1, e2), ..., [ek, inf) of `edges` (`train.length_buckets`). Per bucket "LO-HI":
+    `ratio/token_log_var@LO-HI`, the unbiased variance of the token log-ratios within a completion
+    (over n - 1: a longer completion is not noisier by construction), averaged over its completions
+    (of >= 2 tokens); `ratio/seq_log_ratio_abs@LO-HI`, the mean |length-normalized
+    sequence log-ratio| (GSPO's ratio); `length/sequences@LO-HI`, how many completions fell in it (read
+    a bucket's means only where it is > 0: an empty bucket reads 0)."""
+    mask = mask.astype(jnp.float32)
+    n = mask.sum(-1)
+    d = jnp.where(mask > 0, jax.lax.stop_gradient(logp - old_logp).astype(jnp.float32), 0.0)
+    mean = d.sum(-1) / jnp.maximum(n, 1.0)
+    var = (jnp.square(d - mean[:, None]) * mask).sum(-1) / jnp.maximum(n - 1.0, 1.0)
+    metrics = {}
+    for lo, hi in zip((0, *edges), (*edges, None)):
+        name = f"{lo}-{hi if hi is not None else 'inf'}"
+        inside = (n >= max(lo, 1)) & (n < hi if hi is not None else True)
+        metrics[f"ratio/token_log_var@{name}"] = Metric.mean(var, inside & (n >= 2))
+        metrics[f"ratio/seq_log_ratio_abs@{name}"] = Metric.mean(jnp.abs(mean), inside)
+        metrics[f"length/sequences@{name}"] = Metric.sum(inside)
+    return metrics
