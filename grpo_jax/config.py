@@ -184,7 +184,7 @@ class TrainConfig:
             "checkpoint_every": (self.checkpoint_every >= 1, "must be >= 1 (steps between checkpoints)"),
             "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
             "max_skipped_steps": (self.max_skipped_steps >= 1, "must be >= 1"),
-            "length_buckets": (all(0 < a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)),
+            "length_buckets": (all(a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)),
                                "must be increasing positive token counts, e.g. (64, 128)"),
         }, self)
 

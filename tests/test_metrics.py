@@ -68,3 +68,9 @@ def test_ratio_by_length_against_float64_numpy():
                                    rtol=1e-5)
         var = [d[i].var(ddof=1) for i in rows if lengths[i] >= 2]
         np.testing.assert_allclose(got[f"ratio/token_log_var@{name}"], np.mean(var) if var else 0.0, rtol=1e-5)
+    from grpo_jax.config import TrainConfig
+
+    assert TrainConfig(length_buckets=(64, 128)).length_buckets == (64, 128)
+    for bad in ((0,), (64, 64), (128, 64)):
+        with pytest.raises(ValueError, match="length_buckets=.* must be increasing positive token counts"):
+            TrainConfig(length_buckets=bad)
