@@ -23,6 +23,11 @@ def answer_only(example: dict, rng: np.random.Generator) -> str:
     return example["answer"]
 
 
+def written_solution(example: dict, rng: np.random.Generator) -> str:
+    """The reference completion with its work written out (the column_addition task's "solution")."""
+    return example["solution"]
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
     """Supervised phase before RL: stop at greedy held-out `accuracy` (checked every `eval_every`

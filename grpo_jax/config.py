@@ -17,6 +17,7 @@ import typing
 
 from grpo_jax.algorithms.config import PARTS, AlgorithmConfig
 from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401  (re-export)
+from grpo_jax.data.reasoning import ColumnAdditionConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
 from grpo_jax.lora import LoraConfig
