@@ -55,6 +55,9 @@ def test_every_step_is_right_and_examples_are_deterministic():
     for e in examples:
         check_solution(e)
         assert e["digits"] == len(str(e["operands"][0])) and 3 <= e["digits"] <= 22
+        tokens = len(e["solution"]) + 1  # a char per token, and eos
+        assert e["bucket"] == ("0-32" if tokens < 32 else "32-64" if tokens < 64 else "64-inf")
+    assert {e["bucket"] for e in examples} == {"32-64", "64-inf"}  # 3 digits need 37 tokens
     assert examples == draw(3) and [e["prompt"] for e in examples] != [e["prompt"] for e in draw(4)]
     with pytest.raises(IndexError):
         data.ColumnAddition(data.ColumnAdditionConfig(), "train", 300)[300]
@@ -115,6 +118,9 @@ def test_config_errors_and_registration():
         data.ColumnAdditionConfig(min_digits=0)
     with pytest.raises(ValueError, match="min_digits=9 must be in \\[1, max_digits=8\\]"):
         data.ColumnAdditionConfig(min_digits=9, max_digits=8)
+    for edges in ((0, 5), (64, 32)):
+        with pytest.raises(ValueError, match="length_buckets=.* must be increasing positive token counts"):
+            data.ColumnAdditionConfig(length_buckets=edges)
     with pytest.raises(ValueError, match="held_out_fraction"):
         data.ColumnAddition(data.ColumnAdditionConfig(held_out_fraction=1.0), "train", 4)
     with pytest.raises(ValueError, match="split"):

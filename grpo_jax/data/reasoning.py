@@ -58,6 +58,10 @@ class ColumnAdditionConfig(TaskConfig):
     min_digits: int = 3
     max_digits: int = 22
     held_out_fraction: float = 0.1
+    # Edges (tokens of the reference completion with eos) of the length classes: an example's "bucket"
+    # is "LO-HI" (the last "LO-inf"), as train.length_buckets names the train step's buckets, and the
+    # evaluation reports accuracy per bucket (grpo_jax.evaluation).
+    length_buckets: tuple[int, ...] = (32, 64)
 
     def __post_init__(self):
         if not 1 <= self.max_digits <= len(LABELS[0]):
@@ -66,6 +70,9 @@ class ColumnAdditionConfig(TaskConfig):
         if not 1 <= self.min_digits <= self.max_digits:
             raise ValueError(f"ColumnAdditionConfig.min_digits={self.min_digits} must be in [1, max_digits="
                              f"{self.max_digits}]; set min_digits <= max_digits")
+        if not all(a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)):
+            raise ValueError(f"ColumnAdditionConfig.length_buckets={self.length_buckets} must be increasing positive "
+                             "token counts, e.g. (32, 64)")
 
     generated = True
 
@@ -79,9 +86,17 @@ class ColumnAdditionConfig(TaskConfig):
         return tuple(ColumnAddition(self, split, SYNTHETIC_SIZE, seed) for split in SPLITS)
 
 
+def bucket(tokens: int, edges: tuple[int, ...]) -> str:
+    """The name "LO-HI" of the bucket of `edges` that holds `tokens` ("LO-inf" past the last edge)."""
+    lo = max((e for e in edges if e <= tokens), default=0)
+    hi = min((e for e in edges if e > tokens), default=None)
+    return f"{lo}-{hi if hi is not None else 'inf'}"
+
+
 class ColumnAddition:
     """`size` column-addition examples of one split: {"prompt", "answer" (the sum), "solution" (the
-    completion without eos), "operands", "digits"}; example i is fixed by (config, split, seed, i)."""
+    completion without eos), "operands", "digits", "bucket" (its length class)}; example i is fixed
+    by (config, split, seed, i)."""
 
     def __init__(self, config: ColumnAdditionConfig, split: str, size: int, seed: int = 0):
         _check_split(split, config.held_out_fraction, "ColumnAdditionConfig")
@@ -96,7 +111,8 @@ class ColumnAddition:
         digits = np.concatenate([rng.integers(1, 10, (2, 1)), rng.integers(0, 10, (2, n - 1))], 1)
         x, y = (int("".join(map(str, row))) for row in digits)  # Python ints: 26 digits overflow int64
         prompt, solution, answer = column_addition(x, y)
-        return {"prompt": prompt, "answer": answer, "solution": solution, "operands": [x, y], "digits": n}
+        return {"prompt": prompt, "answer": answer, "solution": solution, "operands": [x, y], "digits": n,
+                "bucket": bucket(len(solution) + 1, self.config.length_buckets)}
 
     def __getitem__(self, index: int) -> dict:
         if not 0 <= index < self.size:
