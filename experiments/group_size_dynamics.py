@@ -149,19 +149,17 @@ def plots(arms) -> tuple[study.Plot, ...]:
 # -- per run: fits and fluctuations ------------------------------------------------------------
 
 MIN_POINTS = 8  # fewer points than this: no fit
-_FITS: dict = {}
 
 
 def fits(run: study.Run) -> dict:
     """The run's fits (memoized: the table, the claims and the report read the same ones): both laws on
     the training reward against optimizer updates, the damped law on the held-out greedy accuracy."""
-    key = run.config.train.out_dir
-    if key not in _FITS:
+    if "fits" not in run.memo:
         x, y = run.series("reward/mean")
         ex, ey = run.series("eval/accuracy_greedy")
-        _FITS[key] = {law: rc.fit(law, x, y) if x.size >= MIN_POINTS else None for law in rc.LAWS}
-        _FITS[key]["held-out"] = rc.fit("damped", ex, ey) if ex.size >= MIN_POINTS else None
-    return _FITS[key]
+        run.memo["fits"] = {law: rc.fit(law, x, y) if x.size >= MIN_POINTS else None for law in rc.LAWS}
+        run.memo["fits"]["held-out"] = rc.fit("damped", ex, ey) if ex.size >= MIN_POINTS else None
+    return run.memo["fits"]
 
 
 def fitted(run: study.Run, curve: str, attr: str) -> float:

@@ -92,8 +92,6 @@ def get_study(quick: bool) -> study.Study:
         derive={"clip_frac_tokens": study.clip_frac_tokens,
                 "ratio_spread": lambda r: r["ratio_max"] - r["ratio_min"] if "ratio_max" in r else None},
         table=TABLE,
-        curves=(*study.DEFAULT_CURVES, "routing/changed_experts_frac", "routing/changed_sets_frac",
-                "routing/entropy_mean", "routing/expert_load", "log_ratio_abs_max", "skipped_updates"),
         plots=tuple(study.Plot(f"curves{tag or '_base'}", (
             "reward/mean", "eval/accuracy_greedy", "routing/changed_experts_frac", "log_ratio_abs_max",
             "clip_frac_tokens"), arms=names) for tag, names in settings),

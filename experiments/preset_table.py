@@ -224,8 +224,7 @@ def bar_chart(summary: dict, path: pathlib.Path) -> None:
                 alpha=0.7)
         for i, c in enumerate(cells):
             ax.plot(c["per_seed"], [i] * len(c["per_seed"]), "k.", ms=3)
-        start = summary["runs"][arms[0]]
-        warm = np.mean([r["curves"]["eval/accuracy_greedy"][0][1] for r in start.values()])
+        warm = np.mean([c["warm_start_accuracy"] for c in summary["collapse"][arms[0]].values()])
         ax.axvline(warm, color="gray", ls="--", lw=1, label=f"warm start {warm:.3f}")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3, axis="x")

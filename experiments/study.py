@@ -1,30 +1,37 @@
 """The harness of the reproductions: arms x seeds of RL runs, claims with verdicts, a table and plots.
 
-A study is one script, experiments/NAME.py: its config as code and its analysis.
+A study is one script, experiments/NAME.py: its config as code, its claims declared before any run
+(experiments/protocol.py: the rule, the test and the noise floor every study shares) and its analysis.
+
+    CLAIMS = (protocol.Claim("GSPO trains more efficiently than GRPO", source="arXiv 2507.18071, Figure 1",
+                             paper="...", halves=(protocol.Difference("reward", reward, "gspo", "grpo"),)),)
 
     def get_study(quick: bool) -> study.Study:
         base = Config(model=..., task=..., sampling=..., optim=..., train=...)  # dense or MoE, any task
         return study.Study(
-            name="NAME", seeds=(0, 1, 2), warm_start=WarmStart(accuracy=0.2),
+            name="NAME", seeds=tuple(range(8)), warm_start=WarmStart(accuracy=0.2),
             arms={  # an arm is a whole Config: any preset, variant, model, batch or optimizer change
                 "grpo": override(base, ["algorithm.preset=grpo", "algorithm.beta=0"]),
                 "gspo": override(base, ["algorithm.preset=gspo"]),
+                "gspo_token": override(base, ["algorithm.preset=gspo_token"]),
             },
+            null_pair=("gspo", "gspo_token"), learning_rates=(3e-4, 1e-3, 3e-3),
             table={"final held-out accuracy": lambda run: run.last("eval/accuracy_greedy")},
             plots=(study.Plot("curves", ("reward/mean", "eval/accuracy_greedy")),),
         )
 
-    def claims(results: study.Results) -> list[dict]:  # one study.claim(...) per claim
-        return [study.claim("...", source="arXiv ..., Figure 1", paper="...",
-                            measured=study.spread(results.values("gspo", lambda r: r.mean("reward/mean"))),
-                            verdict="reproduced")]
+    def claims(results: study.Results) -> list[dict]:
+        return [protocol.judge(c, results, ("gspo", "gspo_token")) for c in CLAIMS]
 
     if __name__ == "__main__":
         study.main(get_study, claims)
 
-`main` parses `--quick` (get_study(True): at most 10 minutes on 2 CPU cores), `--results-dir DIR`,
-`--seeds`, `--arms`, `--resume` and the launch flags of several processes (grpo_jax/distributed.py),
-then `run` does the study:
+`main` parses `--quick` (get_study(True): at most 15 minutes on 2 CPU cores), `--results-dir DIR`,
+`--seeds`, `--arms`, `--resume`, `--rejudge` and the launch flags of several processes
+(grpo_jax/distributed.py), then `run` does the study:
+- with `Study.learning_rates`, the selection first: every arm (but the null pair's second) at every
+  rate on `Study.selection_seeds`, runs/NAME/selection/ARM@RATE/seedS; each arm's rate is chosen by
+  `Study.select` (the null pair's second takes its first's);
 - per seed, a supervised warm start (experiments/warm_start.py; `Study.warm_start`: one for every
   arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
   tokenizer, template, prompt and completion lengths, held-out size): the arms of a seed that share
@@ -35,20 +42,26 @@ then `run` does the study:
   a complete run is read back, a stopped one continues from its last checkpoint (the start, if it has
   none), and run.train refuses one whose config the study has since changed; the warm starts are redone
   (they are deterministic);
-- each run's rows (its metrics.jsonl; `Run.series`, `Run.mean`, `Run.last` read them) gain the compute
-  axes "updates" (optimizer updates so far) and "tokens" (completion tokens sampled so far, every
-  generation round included), and the metrics `Study.derive` computes from a row;
-- `claims(results)` states the verdicts; then results_dir/summary.json: the claims, the `Study.table`
-  (label -> number per run, as mean, std and per seed), the arms' configs (the first in full, the
-  others as the fields they change), seeds, warm starts, each run's curves of `Study.curves` (at most
-  CURVE_POINTS points each), the git commit, the machine, its load average before, after each run and
-  at the end (on a shared machine wall times are inflated) and the wall time; table.md (the claims, then
-  the table: a column per arm, or a row per arm when the arms outnumber its labels; ended by the
-  markdown of `Study.report`, if any); a PNG per `Plot` (thin lines: seeds; thick: their mean).
+- every run's metrics rows go to results_dir/curves.json.gz (4 significant digits), and everything after
+  is computed from that file alone: each row gains the compute axes "updates" (optimizer updates so
+  far) and "tokens" (completion tokens sampled so far, every generation round included) and the
+  metrics `Study.derive` computes from a row; the rates are chosen, `claims(results)` states the
+  verdicts, each run is checked for collapse (protocol.collapse);
+- results_dir/summary.json: the protocol's settings and any deviation from it, the claims (each with
+  its rule and per-seed inputs), the `Study.table` (label -> number per run, as mean, std and per
+  seed), collapses, the rate selection, the arms' configs (the first in full, the others as the fields
+  they change), seeds, warm starts, the git commit, the machine, its load average (on a shared machine
+  wall times are inflated) and the wall time; table.md (the claims, the rates, the collapses, then the
+  table: a column per arm, or a row per arm when the arms outnumber its labels; ended by the markdown
+  of `Study.report`, if any); a PNG per `Plot` (thin lines: seeds; thick: their mean).
+
+`--rejudge` runs nothing: it recomputes all of that from curves.json.gz and says whether it agrees with
+summary.json.
 """
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import pathlib
@@ -63,17 +76,13 @@ import numpy as np
 
 from grpo_jax import distributed, sharding
 from grpo_jax import run as run_lib
-from grpo_jax.config import Config, flatten
+from grpo_jax.config import Config, flatten, override
 from grpo_jax.logging import read_rows
+import protocol
 from warm_start import WarmStart, warm_start
 
 HERE = pathlib.Path(__file__).parent
-VERDICTS = ("reproduced", "partial", "not_reproduced", "not_run")  # not_run: the runs it needs were not made
-CURVE_POINTS = 200
-DEFAULT_CURVES = (
-    "reward/mean", "accuracy", "eval/accuracy_greedy", "eval/accuracy_sampled", "completion/length_mean",
-    "clip_frac_low", "clip_frac_high", "clip_frac_low_tokens", "clip_frac_high_tokens", "entropy_mean",
-)
+VERDICTS = protocol.VERDICTS  # not_run: the runs it needs were not made
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,19 +101,29 @@ class Plot:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-    """A study: its arms (name -> Config), seeds, warm start(s), table, plots and derived metrics."""
+    """A study: its arms (name -> Config), seeds, warm start(s), table, plots and derived metrics, and the
+    protocol's settings (experiments/protocol.py): the null-control pair and the learning-rate selection."""
 
     name: str
     arms: Mapping[str, Config]
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2)  # the evaluation seeds
     warm_start: WarmStart | Mapping[str, WarmStart] | None = WarmStart()  # one for all arms, or per arm
     table: Mapping[str, Callable[["Run"], float]] = dataclasses.field(default_factory=dict)  # label -> number
     plots: tuple[Plot, ...] = ()
     derive: Mapping[str, Callable[[dict], float | None]] = dataclasses.field(default_factory=dict)  # row metrics
-    curves: tuple[str, ...] = DEFAULT_CURVES  # kept per run in summary.json (with every plotted key)
     # Analysis beyond the table and plots (fits, a toy model): (results, results_dir) -> markdown that
     # ends table.md; it may write its own figures into results_dir.
     report: Callable[["Results", pathlib.Path], str] | None = None
+    # Two arms with one objective (GSPO and GSPO-token at sequence-level advantages): their paired spread
+    # is the noise floor of every comparative claim. The second takes the first's learning rate.
+    null_pair: tuple[str, str] | None = None
+    # Learning rates tried per arm on `selection_seeds` (separate from `seeds`); each arm then runs the
+    # evaluation seeds at the rate with the highest mean of `select` over them (the first such, on ties).
+    # Empty: every arm keeps its config's rate.
+    learning_rates: tuple[float, ...] = ()
+    selection_seeds: tuple[int, ...] = (100, 101)
+    select: Callable[["Run"], float] = lambda run: run.mean("reward/mean")
+    select_rule: str = "the highest training reward averaged over the run (the area under the curve per update)"
     quick: bool = False
 
     def __post_init__(self):
@@ -116,18 +135,37 @@ class Study:
         if isinstance(self.warm_start, Mapping) and set(self.warm_start) != set(self.arms):
             raise ValueError(f"Study {self.name!r}: warm_start names arms {sorted(self.warm_start)}; give one "
                              f"WarmStart for each of {sorted(self.arms)}, or one for all")
+        if self.null_pair and not set(self.null_pair) <= set(self.arms):
+            raise ValueError(f"Study {self.name!r}: null_pair={self.null_pair} names arms it does not have "
+                             f"({sorted(self.arms)})")
+        if self.learning_rates and set(self.selection_seeds) & set(self.seeds):
+            raise ValueError(f"Study {self.name!r}: selection_seeds {self.selection_seeds} overlap the evaluation "
+                             f"seeds {self.seeds}; choose learning rates on other seeds")
 
     def only(self, arms) -> "Study":
-        """This study with only `arms` (its plots of other arms dropped, its warm starts of them too)."""
+        """This study with only `arms` (its plots of other arms dropped, its warm starts of them too, and
+        its null pair if either is dropped: comparative claims then cannot be reproduced)."""
         keep = set(arms)
         return dataclasses.replace(
             self, arms={a: c for a, c in self.arms.items() if a in keep},
             plots=tuple(p for p in self.plots if not p.arms or set(p.arms) <= keep),
             warm_start={a: w for a, w in self.warm_start.items() if a in keep}
-            if isinstance(self.warm_start, Mapping) else self.warm_start)
+            if isinstance(self.warm_start, Mapping) else self.warm_start,
+            null_pair=self.null_pair if self.null_pair and set(self.null_pair) <= keep else None)
 
     def warm_start_of(self, arm: str) -> WarmStart | None:
         return self.warm_start[arm] if isinstance(self.warm_start, Mapping) else self.warm_start
+
+    def protocol_errors(self) -> list[str]:
+        """What a full study lacks for the protocol's comparative claims (experiments/protocol.py)."""
+        errors = []
+        if len(self.seeds) < protocol.MIN_SEEDS:
+            errors.append(f"{len(self.seeds)} evaluation seeds (at least {protocol.MIN_SEEDS})")
+        if not self.null_pair:
+            errors.append("no null_pair (two arms with one objective: their spread is the noise floor)")
+        if len(self.learning_rates) < protocol.MIN_RATES:
+            errors.append(f"{len(self.learning_rates)} learning rates swept per arm (at least {protocol.MIN_RATES})")
+        return errors
 
 
 @dataclasses.dataclass
@@ -139,6 +177,7 @@ class Run:
     config: Config
     rows: list[dict]
     resumed: bool = False  # continued or read back from an earlier process (--resume)
+    memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # analyses computed once per run
 
     @property
     def wall_seconds(self) -> float:
@@ -219,19 +258,28 @@ def with_axes(rows: list[dict], cfg: Config, derive: Mapping) -> list[dict]:
     return rows
 
 
-def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: pathlib.Path,
-        runs_dir: pathlib.Path, resume: bool = False) -> dict:
-    """Runs every arm x seed (with `resume`, keeping the runs already in `runs_dir`), then writes
-    summary.json, table.md and the plots; returns the summary."""
-    start, loads, git = time.perf_counter(), [list(os.getloadavg())], git_state()  # the code that runs
-    results, warm_log = Results({arm: [] for arm in study.arms}), {}
-    for seed in study.seeds:
+def with_rate(cfg: Config, lr: float) -> Config:
+    return override(cfg, [f"optim.learning_rate={lr}"])
+
+
+def train_all(study: Study, arms: Mapping[str, Config], seeds, runs_dir: pathlib.Path, resume: bool,
+              warm_log: dict, loads: list) -> dict:
+    """Runs every arm at every seed (a fresh run, or with `resume` the one in runs_dir continued or read
+    back); returns {arm: {seed: {"rows": its metrics rows to 4 significant digits, "resumed",
+    "wall_seconds"}}}. Per seed, arms with an equal warm start (`warm_start_key`) share it; with
+    `resume`, a seed whose every run has a checkpoint skips it (its log is read back)."""
+    out = {arm: {} for arm in arms}
+    for seed in seeds:
+        dirs = {arm: runs_dir / arm / f"seed{seed}" for arm in arms}
+        log_file = runs_dir / f"warm_starts_seed{seed}.json"
+        skip_warm = resume and log_file.exists() and all(map(has_checkpoint, dirs.values()))
+        if skip_warm:
+            warm_log[str(seed)] = json.loads(log_file.read_text())
         warm = {}
-        for arm, cfg in study.arms.items():
-            out_dir = runs_dir / arm / f"seed{seed}"
-            cfg = with_seed(cfg, seed, out_dir)
-            ws, params = study.warm_start_of(arm), None
-            if ws is not None:
+        for arm, cfg in arms.items():
+            cfg = with_seed(cfg, seed, dirs[arm])
+            ws, params = study.warm_start_of(arm.split("@")[0]), None
+            if ws is not None and not skip_warm:
                 key = warm_start_key(ws, cfg)
                 if key not in warm:
                     t0 = time.perf_counter()
@@ -244,20 +292,133 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
                 params, entry = warm[key]
                 entry["arms"].append(arm)
             if not resume:
-                distributed.remove(out_dir)
+                distributed.remove(dirs[arm])
             if jax.process_index() == 0:
-                print(f"== {study.name}: arm {arm}, seed {seed} -> {out_dir}", flush=True)
-            out = run_lib.train(cfg, params)
+                print(f"== {study.name}: arm {arm}, seed {seed} -> {dirs[arm]}", flush=True)
+            result = run_lib.train(cfg, params)
+            if skip_warm and ws is not None and result["resumed_from"] is None:
+                raise RuntimeError(f"{dirs[arm]} started afresh without its warm start (its checkpoints were unusable): "
+                                   "rerun the study without --resume")
             drop_compiled_programs_near_the_map_limit()
             loads.append(list(os.getloadavg()))
-            rows = with_axes(read_rows(out_dir / "metrics.jsonl"), cfg, study.derive)
-            results[arm].append(Run(arm, seed, cfg, rows, out["resumed_from"] is not None))
+            rows = [rounded(r) for r in read_rows(dirs[arm] / "metrics.jsonl")]
+            out[arm][str(seed)] = {"rows": rows, "resumed": result["resumed_from"] is not None,
+                                   "wall_seconds": round(rows[-1]["time/run_s"], 1)}
+        if warm and jax.process_index() == 0:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            log_file.write_text(json.dumps(warm_log.get(str(seed), [])))
+    return out
+
+
+def has_checkpoint(out_dir: pathlib.Path) -> bool:
+    """Whether a run directory holds a saved step (orbax writes it under a temporary name, then renames it)."""
+    ckpts = out_dir / "checkpoints"
+    return ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+
+
+def rounded(row: dict) -> dict:
+    """A metrics row with every float to 4 significant digits: what curves.json.gz stores, and so what
+    every verdict is computed from, at the first judgement and at a rejudgement alike."""
+    return {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}
+
+
+def trials(study: Study) -> dict[str, Config]:
+    """The learning-rate selection's runs: "ARM@RATE" -> config (not the null pair's second arm)."""
+    return {f"{arm}@{lr:g}": with_rate(study.arms[arm], lr) for arm in trials_arms(study) for lr in study.learning_rates}
+
+
+def select_rates(study: Study, selection: dict) -> dict:
+    """Per arm: each rate's `select` value per selection seed and their mean, and the chosen rate."""
+    runs, chosen = results_of(study, trials(study), selection), {}
+    for arm in trials_arms(study):
+        per_rate = {f"{lr:g}": {"per_seed": runs.values(f"{arm}@{lr:g}", study.select).tolist()}
+                    for lr in study.learning_rates}
+        for v in per_rate.values():
+            v["mean"] = float(np.mean(v["per_seed"]))
+        best = max(study.learning_rates, key=lambda lr: (np.nan_to_num(per_rate[f"{lr:g}"]["mean"], nan=-np.inf),
+                                                         -study.learning_rates.index(lr)))  # a diverged rate: last
+        chosen[arm] = {"per_rate": per_rate, "chosen": best}
+    if study.null_pair:
+        chosen[study.null_pair[1]] = {"chosen": chosen[study.null_pair[0]]["chosen"],
+                                      "note": f"the rate chosen for {study.null_pair[0]}, the null pair's first arm"}
+    return chosen
+
+
+def trials_arms(study: Study) -> list[str]:
+    """The arms that choose their own learning rate: all but the null pair's second."""
+    return [arm for arm in study.arms if not (study.null_pair and arm == study.null_pair[1])]
+
+
+def evaluated_arms(study: Study, selection: dict | None) -> dict[str, Config]:
+    """The arms as the evaluation seeds run them: at their chosen rate when rates are swept."""
+    if not study.learning_rates:
+        return dict(study.arms)
+    return {arm: with_rate(cfg, selection[arm]["chosen"]) for arm, cfg in study.arms.items()}
+
+
+def results_of(study: Study, arms: Mapping[str, Config], stored: dict) -> "Results":
+    """The Results of stored runs ({arm: {seed: {"rows", "resumed", ...}}}), with their axes and derived metrics."""
+    results = Results()
+    for arm, cfg in arms.items():
+        if arm in stored:
+            results[arm] = [Run(arm, int(seed), with_seed(cfg, int(seed), pathlib.Path(".")),
+                                with_axes([dict(r) for r in v["rows"]], cfg, study.derive), v["resumed"])
+                            for seed, v in sorted(stored[arm].items(), key=lambda kv: int(kv[0]))]
+    return results
+
+
+def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: pathlib.Path,
+        runs_dir: pathlib.Path, resume: bool = False) -> dict:
+    """Runs the learning-rate selection (if the study sweeps rates), then every arm x seed (with
+    `resume`, keeping the runs already in `runs_dir`); writes curves.json.gz, then judges from it alone
+    and writes summary.json, table.md and the plots; returns the summary."""
+    start, loads, git = time.perf_counter(), [list(os.getloadavg())], git_state()  # the code that runs
+    warm_log, stored = {}, {"selection": {}, "runs": {}}
+    if study.learning_rates:
+        stored["selection"] = train_all(study, trials(study), study.selection_seeds, runs_dir / "selection",
+                                        resume, warm_log, loads)
+    selection = select_rates(study, stored["selection"]) if study.learning_rates else None
+    stored["runs"] = train_all(study, evaluated_arms(study, selection), study.seeds, runs_dir, resume, warm_log, loads)
     if jax.process_index() != 0:  # process 0 writes the results
         return {}
-    summary = write(study, results, claims(results), results_dir, time.perf_counter() - start, loads, warm_log, git)
-    print(f"\nwrote {results_dir}/summary.json, table.md and {len(study.plots)} plot(s)")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    write_curves(results_dir / CURVES, stored)
+    stored = read_curves(results_dir / CURVES)
+    summary = write(study, claims, stored, results_dir, time.perf_counter() - start, loads, warm_log, git)
+    print(f"\nwrote {results_dir}/{CURVES}, summary.json, table.md and {len(study.plots)} plot(s)")
     print((results_dir / "table.md").read_text())
     return summary
+
+
+# -- the stored curves ---------------------------------------------------------------------------
+
+CURVES = "curves.json.gz"
+
+
+def write_curves(path: pathlib.Path, stored: dict) -> None:
+    """Every run's metrics rows, one array per key (None where a row lacks it) beside one "step" array:
+    {"runs"|"selection": {arm: {seed: {"resumed", "wall_seconds", "columns": {key: [...]}}}}}."""
+    def columns(rows):
+        keys = dict.fromkeys(k for r in rows for k in r)
+        return {k: [r.get(k) for r in rows] for k in keys}
+
+    data = {part: {arm: {seed: {"resumed": v["resumed"], "wall_seconds": v["wall_seconds"], "columns": columns(v["rows"])}
+                         for seed, v in seeds.items()} for arm, seeds in runs.items()} for part, runs in stored.items()}
+    with gzip.open(path, "wt") as f:
+        json.dump(finite(data), f, separators=(",", ":"), allow_nan=False)
+
+
+def read_curves(path: pathlib.Path) -> dict:
+    """curves.json.gz as train_all returns runs: {part: {arm: {seed: {"rows", "resumed", "wall_seconds"}}}}."""
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+
+    def rows(columns):
+        n = len(columns["step"])
+        return [{k: v[i] for k, v in columns.items() if v[i] is not None} for i in range(n)]
+
+    return {part: {arm: {seed: {"rows": rows(v["columns"]), "resumed": v["resumed"], "wall_seconds": v["wall_seconds"]}
+                         for seed, v in seeds.items()} for arm, seeds in runs.items()} for part, runs in data.items()}
 
 
 MAPS, MAP_LIMIT = pathlib.Path("/proc/self/maps"), pathlib.Path("/proc/sys/vm/max_map_count")
@@ -293,35 +454,49 @@ def machine() -> dict:
             "jax": jax.__version__}
 
 
-def _points(xs, ys) -> list:
-    step = max(1, int(np.ceil(len(xs) / CURVE_POINTS)))
-    keep = sorted(set(range(0, len(xs), step)) | {len(xs) - 1})
-    return [[float(xs[i]), float(f"{ys[i]:.5g}")] for i in keep]
-
-
-def write(study: Study, results: Results, claims: list[dict], results_dir: pathlib.Path, wall: float,
-          loads: list, warm_log: dict, git: dict) -> dict:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    for c in claims:
-        claim(**c)  # validates
-    base = flatten(next(iter(study.arms.values())))
+def configs(study: Study) -> dict:
+    """The declared arms' configs: the first in full ("config"), the others as the fields they change."""
     drop = ("train.seed", "train.out_dir")
-    curves = ("updates", "tokens", *study.curves, *study.derive, *(k for p in study.plots for k in p.panels))
-    curves = tuple(dict.fromkeys(curves))
-    table = {arm: {label: study_values(results, arm, fn) for label, fn in study.table.items()} for arm in study.arms}
+    base = {k: v for k, v in flatten(next(iter(study.arms.values()))).items() if k not in drop}
+    return {"config": base, "arms": {arm: {k: v for k, v in flatten(cfg).items() if base.get(k) != v and k not in drop}
+                                     for arm, cfg in study.arms.items()}}
+
+
+def analyse(study: Study, claims: Callable[["Results"], list[dict]], stored: dict) -> tuple[dict, "Results"]:
+    """Everything judged from the stored runs (`read_curves`), the same at the first judgement and at
+    --rejudge: the learning-rate selection, the claims, the table and each run's collapse check."""
+    selection = select_rates(study, stored["selection"]) if study.learning_rates else None
+    results = results_of(study, evaluated_arms(study, selection), stored["runs"])
+    judged = claims(results)
+    for c in judged:
+        claim(**c)  # validates
+    analysis = {
+        "claims": judged,
+        "table": {arm: {label: study_values(results, arm, fn) for label, fn in study.table.items()} for arm in results},
+        "collapse": {arm: {str(r.seed): protocol.collapse(r) for r in runs} for arm, runs in results.items()},
+        "learning_rate_selection": selection,
+    }
+    return json.loads(json.dumps(finite(analysis), allow_nan=False)), results
+
+
+def write(study: Study, claims: Callable[["Results"], list[dict]], stored: dict, results_dir: pathlib.Path,
+          wall: float, loads: list, warm_log: dict, git: dict) -> dict:
+    analysis, results = analyse(study, claims, stored)
     summary = {
         "study": study.name,
         "quick": study.quick,
-        "claims": claims,
-        "table": table,
+        "protocol": {"alpha": protocol.ALPHA, "bootstrap_resamples": protocol.BOOTSTRAP, "null_pair": study.null_pair,
+                     "learning_rates": list(study.learning_rates),
+                     "selection_seeds": list(study.selection_seeds) if study.learning_rates else [],
+                     "selection_rule": study.select_rule if study.learning_rates else None,
+                     "deviations": study.protocol_errors(),
+                     "rules": protocol.__doc__.split("\n\n")[1]},
+        **analysis,
         "seeds": list(study.seeds),
-        "config": {k: v for k, v in base.items() if k not in drop},
-        "arms": {arm: {k: v for k, v in flatten(cfg).items() if base.get(k) != v and k not in drop}
-                 for arm, cfg in study.arms.items()},
+        **configs(study),
         "warm_starts": warm_log,  # per seed: each warm start, its config and the arms that start from it
-        "runs": {arm: {str(r.seed): {"wall_seconds": round(r.wall_seconds, 1), "resumed": r.resumed, "curves": {
-            k: _points(*r.series(k, "step")) for k in curves if r.series(k)[0].size}} for r in runs}
-            for arm, runs in results.items()},
+        "runs": {part: {arm: {seed: {k: v[k] for k in ("wall_seconds", "resumed")} for seed, v in runs.items()}
+                        for arm, runs in stored[part].items()} for part in stored},
         "git": git,
         "machine": machine(),
         "load_average_1_5_15min": {"start": loads[0], "max_1min_after_a_run": max(l[0] for l in loads[1:]),
@@ -339,6 +514,22 @@ def write(study: Study, results: Results, claims: list[dict], results_dir: pathl
     return summary
 
 
+def rejudge(study: Study, claims: Callable[["Results"], list[dict]], results_dir: pathlib.Path) -> list[str]:
+    """Judges the study again from results_dir's curves.json.gz alone; returns the fields of summary.json
+    (claims, table, collapse, learning_rate_selection) whose stored value differs (none: it agrees).
+    Refuses when the study's configs are no longer those the results were written with."""
+    summary = json.loads((results_dir / "summary.json").read_text())
+    study = dataclasses.replace(study.only(summary["arms"]), seeds=tuple(summary["seeds"]))
+    now = json.loads(json.dumps(configs(study)))
+    changed = sorted({k for k in (*now["config"], *summary["config"]) if now["config"].get(k) != summary["config"].get(k)}
+                     | {a for a in now["arms"] if now["arms"][a] != summary["arms"].get(a)})
+    if changed:
+        raise ValueError(f"{results_dir}: the study's configs changed since these results were written ({changed}); "
+                         "rerun the study, or check out the commit in summary.json's git.commit")
+    analysis, _ = analyse(study, claims, read_curves(results_dir / CURVES))
+    return [k for k, v in analysis.items() if summary[k] != v]
+
+
 def finite(obj):
     """`obj` with every nan or inf (a metric a run never logged) as None: JSON has no nan."""
     if isinstance(obj, dict):
@@ -354,9 +545,10 @@ def study_values(results: Results, arm: str, fn) -> dict:
 
 
 def claims_md(claims: list[dict]) -> list[str]:
-    """The claims as markdown table rows."""
-    return ["| claim | source | paper | measured | verdict |", "|---|---|---|---|---|",
-            *(f"| {c['claim']} | {c['source']} | {c['paper']} | {c['measured']} | {c['verdict']} |" for c in claims)]
+    """The claims as markdown table rows, each with the rule its verdict follows."""
+    return ["| claim | source | paper | rule | measured | verdict |", "|---|---|---|---|---|---|",
+            *(f"| {c['claim']} | {c['source']} | {c['paper']} | {c.get('rule', '')} | {c['measured']} | {c['verdict']} |"
+              for c in claims)]
 
 
 def table_rows(summary: dict) -> list[str]:
@@ -374,13 +566,32 @@ def table_rows(summary: dict) -> list[str]:
             *(f"| {label} | " + " | ".join(cell(table[arm][label]) for arm in arms) + " |" for label in labels)]
 
 
+def number(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
 def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
     lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "", *claims_md(summary["claims"])]
+    if summary["learning_rate_selection"]:
+        lines += ["", f"Learning rate per arm, chosen on seeds {list(study.selection_seeds)} by {study.select_rule} "
+                  "(mean over those seeds per rate):", "", "| arm | " + " | ".join(f"{lr:g}" for lr in study.learning_rates)
+                  + " | chosen |", "|---" * (len(study.learning_rates) + 2) + "|"]
+        lines += [f"| {arm} | " + " | ".join(number(s["per_rate"][f"{lr:g}"]["mean"]) if "per_rate" in s else "-"
+                                           for lr in study.learning_rates) + f" | {s['chosen']:g} |"
+                  for arm, s in summary["learning_rate_selection"].items()]
+    collapsed = {arm: [seed for seed, c in runs.items() if c["collapsed"]] for arm, runs in summary["collapse"].items()}
+    lines += ["", "Collapsed runs (held-out greedy accuracy over the last 20% more than two standard errors below the "
+              "warm start's, or the smoothed training reward below half its peak): "
+              + ", ".join(f"{arm} {len(seeds)} of {len(summary['collapse'][arm])}" + (f" (seeds {', '.join(seeds)})" if seeds else "")
+                          for arm, seeds in collapsed.items()) + "."]
+    if summary["protocol"]["deviations"]:
+        lines += ["", "**Not under the full protocol** (experiments/protocol.py): "
+                  + "; ".join(summary["protocol"]["deviations"]) + "."]
     if study.table:
         lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "", *table_rows(summary)]
     load, git = summary["load_average_1_5_15min"], summary["git"]
-    resumed = sum(r["resumed"] for runs in summary["runs"].values() for r in runs.values())
+    resumed = sum(r["resumed"] for part in summary["runs"].values() for runs in part.values() for r in runs.values())
     lines += ["", f"Wall time {summary['wall_seconds']:.0f} s on {summary['machine']['cpu_count']} cores "
               f"({summary['machine']['cpu']}), load average {load['start'][0]:.1f} at the start, up to "
               f"{load['max_1min_after_a_run']:.1f} (a shared machine: wall times are inflated). "
@@ -443,10 +654,20 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
     parser.add_argument("--resume", action="store_true",
                         help="continue a stopped study: keep its runs (runs/NAME), read the complete ones back and "
                              "continue the others from their last checkpoint")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="run nothing: judge again from the results directory's curves.json.gz alone and say "
+                             "whether every verdict, table entry and learning-rate choice agrees with summary.json "
+                             "(exit status 1 if not)")
     distributed.add_arguments(parser)
     args = parser.parse_args(argv)
-    distributed.initialize(parser, args)
     study = dataclasses.replace(get_study(args.quick), quick=args.quick)
+    results_dir = args.results_dir or HERE / "results" / study.name / ("quick" if args.quick else "")
+    if args.rejudge:
+        differs = rejudge(study, claims, results_dir)
+        print(f"{results_dir}: " + (f"differs from summary.json in {differs}" if differs else
+                                    "every verdict, table entry and choice agrees with summary.json"))
+        sys.exit(1 if differs else 0)
+    distributed.initialize(parser, args)
     if args.seeds:
         study = dataclasses.replace(study, seeds=tuple(args.seeds))
     if args.arms:
@@ -455,5 +676,4 @@ def main(get_study: Callable[[bool], Study], claims: Callable[[Results], list[di
             parser.error(f"--arms {unknown}: this study's arms are {sorted(study.arms)}")
         study = study.only(args.arms)
     name = study.name + ("_quick" if args.quick else "")
-    results_dir = args.results_dir or HERE / "results" / study.name / ("quick" if args.quick else "")
     return run(study, claims, results_dir, pathlib.Path("runs") / name, args.resume)

@@ -184,8 +184,10 @@ def test_lm_claims_follow_their_rules_on_synthetic_runs(tmp_path, monkeypatch):
     assert worse[f"{gsd.INVARIANCE} (language model)"] == "not_reproduced"
     assert worse["2-GRPO: G=2 matches G=16 with 1/8 of the rollouts and over 70% less training time"] == "partial"
     s = dataclasses.replace(gsd.get_study(quick=False), seeds=(0, 1, 2))
-    s = dataclasses.replace(s, arms={a: s.arms[a] for a in same}, plots=gsd.plots(same))
-    summary = study.write(s, same, gsd.claims(same), tmp_path, 1.0, [[0.0] * 3] * 2, {}, study.git_state())
+    s = dataclasses.replace(s, arms={a: runs[0].config for a, runs in same.items()}, plots=gsd.plots(same))
+    stored = {"selection": {}, "runs": {a: {str(r.seed): {"rows": r.rows, "resumed": False, "wall_seconds": 1.0}
+                                            for r in runs} for a, runs in same.items()}}
+    summary = study.write(s, gsd.claims, stored, tmp_path, 1.0, [[0.0] * 3] * 2, {}, study.git_state())
     row = {k: v["mean"] for k, v in summary["table"]["g4_p32"].items()}
     assert row["R^2, damped law"] > 0.9 and row["rollouts sampled (thousands)"] == pytest.approx(60 * 32 * 4 / 1e3)
     assert row["training reward fluctuation (residual variance x 1e3)"] == pytest.approx(0.5, rel=0.5)
@@ -205,9 +207,10 @@ def test_lm_study_runs_through_the_harness_at_a_tiny_size(tmp_path, monkeypatch)
     s = dataclasses.replace(s, seeds=(0,), arms={a: override(c, shrink) for a, c in s.arms.items()},
                             warm_start=dataclasses.replace(s.warm_start, max_steps=2, eval_every=1, batch_size=8))
     summary = study.run(s, gsd.claims, tmp_path / "results", tmp_path / "runs")
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
     for g, arm in zip((2, 16), gsd.ENDS):
-        rows = summary["runs"][arm]["0"]["curves"]["tokens"]
-        assert 0 < rows[-1][1] <= 2 * 4 * g * s.arms[arm].sampling.max_new_tokens  # 2 steps of 4 prompts x G
+        rows = study.with_axes(stored[arm]["0"]["rows"], s.arms[arm], {})
+        assert 0 < rows[-1]["tokens"] <= 2 * 4 * g * s.arms[arm].sampling.max_new_tokens  # 2 steps of 4 prompts x G
         assert s.arms[arm].sampling.group_size == g
     lm = [c for c in summary["claims"] if "(language model)" in c["claim"] or c["claim"].startswith("2-GRPO")]
     assert lm and all(c["verdict"] in study.VERDICTS for c in summary["claims"])

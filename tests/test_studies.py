@@ -44,7 +44,7 @@ def run_tiny(module, tmp_path, arms=None) -> tuple[study.Study, dict]:
     return s, summary
 
 
-def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path) -> None:
+def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path, claims) -> None:
     """The output contract (issue 14 item 6) and what every study shares."""
     assert summary["claims"], "a study states at least one claim"
     for c in summary["claims"]:
@@ -58,21 +58,25 @@ def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path) -> None
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert summary["seeds"] == list(SEEDS) and len(summary["git"]["commit"]) == 40
     assert summary["wall_seconds"] > 0 and len(summary["load_average_1_5_15min"]["start"]) == 3
+    assert len((tmp_path / "results" / "summary.json").read_bytes()) < 200_000  # lean: the curves are apart
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)
     for arm, cfg in s.arms.items():
-        assert sorted(summary["runs"][arm]) == [str(x) for x in SEEDS]
-        for seed, r in summary["runs"][arm].items():
-            curves = r["curves"]
-            assert [x for x, _ in curves["reward/mean"]] == list(range(1, STEPS + 1))
-            assert [x for x, _ in curves["eval/accuracy_greedy"]] == list(range(STEPS + 1))
+        assert sorted(stored["runs"][arm]) == sorted(summary["runs"]["runs"][arm]) == [str(x) for x in SEEDS]
+        for seed, r in stored["runs"][arm].items():
+            run = study.Run(arm, int(seed), cfg, study.with_axes(r["rows"], cfg, s.derive))
+            assert run.series("reward/mean", "step")[0].tolist() == list(range(1, STEPS + 1))
+            assert run.series("eval/accuracy_greedy", "step")[0].tolist() == list(range(STEPS + 1))
             per_step = cfg.algorithm.num_iterations * cfg.train.minibatches
-            assert [u for _, u in curves["updates"]] == [per_step * k for k in range(STEPS + 1)]
-            tokens = [t for _, t in curves["tokens"]]
+            assert run.series("updates", "step")[1].tolist() == [per_step * k for k in range(STEPS + 1)]
+            tokens = run.series("tokens", "step")[1]
             rows = cfg.train.prompts_per_step * cfg.sampling.group_size
             assert tokens[0] == 0
             assert all(0 < b - a <= rows * cfg.sampling.max_new_tokens for a, b in zip(tokens, tokens[1:]))
             for key in ("reward/mean", "accuracy", "eval/accuracy_greedy", "clip_frac_high_tokens",
                         "clip_frac_low_tokens"):
-                assert all(0 <= v <= 1 for _, v in curves[key]), (arm, key)
+                assert all(0 <= v <= 1 for v in run.series(key)[1]), (arm, key)
+    # Every verdict, table entry and collapse check follows from curves.json.gz alone.
+    assert study.rejudge(s, claims, tmp_path / "results") == []
     # Arms of a seed with the same warm start start from the same params: identical step-0 evaluations.
     for seed in map(str, SEEDS):
         warm = summary["warm_starts"][seed]
@@ -89,15 +93,17 @@ def step0(tmp_path, arm, seed) -> dict:
         return {k: v for k, v in json.loads(f.readline()).items() if k != "time/run_s"}
 
 
-def test_only_keeps_the_named_arms_and_their_plots():
+def test_only_keeps_the_named_arms_and_the_null_pair_only_whole():
     full = gspo_vs_grpo.get_study(quick=False)
-    pair = full.only(["grpo_lr0.002", "gspo_lr0.002"])
-    assert list(pair.arms) == ["grpo_lr0.002", "gspo_lr0.002"] and len(full.arms) == 6
-    assert pair.arms["gspo_lr0.002"] is full.arms["gspo_lr0.002"]
-    names = [p.file for p in pair.plots]
-    assert "curves_lr0.002" in names and "curves_lr0.0003" not in names and "clipped_tokens" in names
+    assert list(full.arms) == ["grpo", "gspo", "gspo_token"] and full.null_pair == ("gspo", "gspo_token")
+    assert full.protocol_errors() == [] and len(full.seeds) == 8 and len(full.learning_rates) == 3
+    pair = full.only(["grpo", "gspo"])
+    assert list(pair.arms) == ["grpo", "gspo"] and pair.arms["gspo"] is full.arms["gspo"]
+    assert pair.null_pair is None and "no null_pair" in " ".join(pair.protocol_errors())
     with pytest.raises(SystemExit):  # an arm the study does not have is a usage error, before any run
         study.main(gspo_vs_grpo.get_study, gspo_vs_grpo.claims, ["--arms", "grpo_lr9"])
+    with pytest.raises(ValueError, match="overlap the evaluation seeds"):
+        dataclasses.replace(full, selection_seeds=(0, 100))
 
 
 def test_studies_take_the_launch_flags_of_several_processes(capsys):
@@ -123,34 +129,72 @@ def test_compiled_programs_are_kept_until_half_the_map_limit(tmp_path, monkeypat
     assert double._cache_size() == 0
 
 
+def without_clocks(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not (k.startswith(("time/", "throughput/")) or k.endswith("time_s"))}
+            for r in rows]
+
+
 def test_gspo_vs_grpo(tmp_path):
     s, summary = run_tiny(gspo_vs_grpo, tmp_path)
-    check_outputs(s, summary, tmp_path)
+    check_outputs(s, summary, tmp_path, gspo_vs_grpo.claims)
     # The paper's baseline: GRPO clips at 0.2 / 0.27 without KL; GSPO at 3e-4 / 4e-4; 4 minibatches each.
-    (grpo,), (gspo,) = ([{**summary["config"], **summary["arms"][a]} for a in s.arms if a.startswith(n)]
-                        for n in ("grpo", "gspo"))
-    for arm, want in ((grpo, ("ppo_clip", 0.2, 0.27, 0.0)), (gspo, ("gspo", 3e-4, 4e-4, 0.0))):
-        assert tuple(arm[f"algorithm.{k}"] for k in ("loss", "loss.eps_low", "loss.eps_high", "beta")) == want
-    assert grpo["train.minibatches"] == gspo["train.minibatches"] == 4
-    assert grpo["optim.learning_rate"] == gspo["optim.learning_rate"]
-    assert [c["source"] for c in summary["claims"]] == ["arXiv 2507.18071 (GSPO), Figure 1",
-                                                        "arXiv 2507.18071 (GSPO), Figure 2"]
+    arms = {a: {**summary["config"], **summary["arms"][a]} for a in s.arms}
+    for arm, want in (("grpo", ("ppo_clip", 0.2, 0.27, 0.0)), ("gspo", ("gspo", 3e-4, 4e-4, 0.0))):
+        assert tuple(arms[arm][f"algorithm.{k}"] for k in ("loss", "loss.eps_low", "loss.eps_high", "beta")) == want
+    assert arms["gspo_token"]["algorithm.loss"] == "gspo_token" and summary["protocol"]["null_pair"] == ["gspo", "gspo_token"]
+    assert {c["train.minibatches"] for c in arms.values()} == {4}
+    assert [c["source"] for c in summary["claims"]] == [f"arXiv 2507.18071 (GSPO), {x}" for x in
+                                                        ("Figure 1", "Figure 2", "sec. 3.1", "sec. 3.1")]
+    assert all(c["verdict"] in study.VERDICTS and c["halves"] for c in summary["claims"])
+    rows = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]["grpo"]["0"]["rows"]
+    assert {k for k in rows[1] if k.startswith("ratio/token_log_var@")} == {
+        f"ratio/token_log_var@{b}" for b in gspo_vs_grpo.BUCKETS}
+    assert any(k.startswith("eval/accuracy_greedy@") for k in rows[0])
 
     # --resume: a complete run is read back untouched; a run that is missing runs afresh, to the same numbers.
-    grpo, gspo = (tmp_path / "runs" / arm / "seed0" for arm in s.arms)
+    grpo, gspo = (tmp_path / "runs" / arm / "seed0" for arm in ("grpo", "gspo"))
     kept = (grpo / "metrics.jsonl").read_bytes()
     shutil.rmtree(gspo)
     again = study.run(s, gspo_vs_grpo.claims, tmp_path / "again", tmp_path / "runs", resume=True)
     assert (grpo / "metrics.jsonl").read_bytes() == kept
-    (first_grpo, first_gspo), (read_grpo, rerun_gspo) = ([x["runs"][a]["0"] for a in s.arms] for x in (summary, again))
-    assert read_grpo == {**first_grpo, "resumed": True} and not first_grpo["resumed"]
-    assert rerun_gspo["curves"] == first_gspo["curves"] and not rerun_gspo["resumed"]
-    assert "1 run(s) were continued or read back" in (tmp_path / "again" / "table.md").read_text()
+    assert again["runs"]["runs"]["grpo"]["0"]["resumed"] and not again["runs"]["runs"]["gspo"]["0"]["resumed"]
+    first, second = (study.read_curves(d / study.CURVES)["runs"]["gspo"]["0"]["rows"]
+                     for d in (tmp_path / "results", tmp_path / "again"))
+    assert without_clocks(first) == without_clocks(second)
+    assert "2 run(s) were continued or read back" in (tmp_path / "again" / "table.md").read_text()
+
+
+def test_rejudge_finds_a_changed_verdict_and_refuses_a_changed_study(tmp_path):
+    """A study judged from hand-written curves: --rejudge agrees, finds an edited verdict, and refuses a
+    study whose configs have changed since."""
+    s = dataclasses.replace(gspo_vs_grpo.get_study(quick=True), seeds=(0, 1), plots=())
+    base = [{"step": 0, "eval/accuracy_greedy": 0.3, "eval/accuracy_greedy@0-32": 0.5, "time/run_s": 1.0}]
+
+    def rows(reward):
+        return base + [{"step": k, "reward/mean": reward, "completion/length_mean": 40.0, "groups/gen_rounds": 1.0,
+                        "clip_frac_low_tokens": 0.01, "clip_frac_high_tokens": 0.01, "time/run_s": 2.0}
+                       for k in (1, 2)]
+
+    stored = {"selection": {}, "runs": {arm: {str(seed): {"rows": rows(0.1 * (i + 1)), "resumed": False, "wall_seconds": 2.0}
+                                              for seed in (0, 1)} for i, arm in enumerate(s.arms)}}
+    out = tmp_path / "results"
+    out.mkdir()
+    study.write_curves(out / study.CURVES, stored)
+    summary = study.write(s, gspo_vs_grpo.claims, study.read_curves(out / study.CURVES), out, 1.0,
+                          [[0.0] * 3, [0.0] * 3], {}, study.git_state())
+    assert summary["table"]["gspo"]["training reward, mean over the run"]["per_seed"] == [0.2, 0.2]
+    assert study.rejudge(s, gspo_vs_grpo.claims, out) == []
+    summary["claims"][0]["verdict"] = "reproduced" if summary["claims"][0]["verdict"] != "reproduced" else "partial"
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert study.rejudge(s, gspo_vs_grpo.claims, out) == ["claims"]
+    changed = dataclasses.replace(s, arms={a: override(c, ["train.steps=3"]) for a, c in s.arms.items()})
+    with pytest.raises(ValueError, match="configs changed since these results were written"):
+        study.rejudge(changed, gspo_vs_grpo.claims, out)
 
 
 def test_length_bias(tmp_path):
     s, summary = run_tiny(length_bias, tmp_path)
-    check_outputs(s, summary, tmp_path)
+    check_outputs(s, summary, tmp_path, length_bias.claims)
     # Length is free: the exact reward reads the last number, wherever the filler puts it.
     rng = np.random.default_rng(0)
     targets = [length_bias.answer_in_filler({"answer": "-13"}, rng) for _ in range(200)]
@@ -197,9 +241,10 @@ def test_preset_table(tmp_path, monkeypatch):
     monkeypatch.setattr(preset_table, "RESULTS", tmp_path / "results")
     s = tiny(preset_table.get_study(quick=True).only(["grpo", "gmpo"]))
     summary = study.run(s, preset_table.claims, tmp_path / "results", tmp_path / "runs")
-    check_outputs(s, summary, tmp_path)
+    check_outputs(s, summary, tmp_path, preset_table.claims)
     # The area under held-out accuracy is the trapezoid over the evaluations, over the steps.
-    curve = np.array(summary["runs"]["grpo"]["0"]["curves"]["eval/accuracy_greedy"])
+    rows = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]["grpo"]["0"]["rows"]
+    curve = np.array([(r["step"], r["eval/accuracy_greedy"]) for r in rows if "eval/accuracy_greedy" in r])
     area = np.trapezoid(curve[:, 1], curve[:, 0]) / STEPS
     assert summary["table"]["grpo"]["held-out accuracy area"]["mean"] == pytest.approx(area, abs=1e-4)
     verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
@@ -237,17 +282,18 @@ def test_moe_routing(tmp_path):
         assert c.train.minibatches == 4
     # The arms every claim needs run (R3's sampler routes train in test_routing).
     s, summary = run_tiny(moe_routing, tmp_path, arms=("grpo", "grpo_r2", "gspo"))
-    check_outputs(s, summary, tmp_path)
+    check_outputs(s, summary, tmp_path, moe_routing.claims)
     # The routing metrics are logged every step for every arm, as fractions.
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
     for arm in s.arms:
-        curves = summary["runs"][arm]["0"]["curves"]
-        for key in ("routing/changed_experts_frac", "routing/changed_sets_frac"):
-            assert [x for x, _ in curves[key]] == list(range(1, STEPS + 1))
-            assert all(0 <= v <= 1 for _, v in curves[key]), (arm, key)
-        # a set that changed lost at least one of its k=2 experts: experts changed >= sets changed / 2
-        # (the curves keep 5 significant digits)
-        for (_, e), (_, t) in zip(curves["routing/changed_experts_frac"], curves["routing/changed_sets_frac"]):
-            assert t / 2 * (1 - 1e-4) <= e <= t * (1 + 1e-4)
+        rows = [r for r in stored[arm]["0"]["rows"] if "routing/changed_experts_frac" in r]
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        for r in rows:
+            e, t = r["routing/changed_experts_frac"], r["routing/changed_sets_frac"]
+            assert 0 <= e <= 1 and 0 <= t <= 1, arm
+            # a set that changed lost at least one of its k=2 experts: experts changed >= sets changed / 2
+            # (the curves keep 4 significant digits)
+            assert t / 2 * (1 - 1e-3) <= e <= t * (1 + 1e-3)
     assert {c["source"] for c in summary["claims"]} == {"arXiv 2507.18071 (GSPO), Section 5.3"}
     assert all(c["verdict"] != "not_run" for c in summary["claims"])
 
@@ -268,3 +314,14 @@ def test_moe_routing_per_update_volatility_and_collapse():
     assert moe_routing.collapsed(run(rise_fall))
     assert not moe_routing.collapsed(run([0.2, 0.3, 0.4, 0.5, 0.5, 0.5, 0.5, 0.45, 0.4, 0.4]))  # 0.4 >= 0.25
     assert moe_routing.collapsed(run([0.2] * 10, skipped=1))  # a skipped (non-finite) update counts
+
+
+def test_committed_results_rejudge_to_their_summaries():
+    """Every committed study with its curves (experiments/results/NAME[/quick]/curves.json.gz) judged again
+    from them alone gives its summary.json: every verdict, table entry, collapse check and rate choice."""
+    committed = sorted((pathlib.Path(study.HERE) / "results").glob(f"**/{study.CURVES}"))
+    assert committed, "no committed study results with curves"
+    for curves in committed:
+        summary = json.loads((curves.parent / "summary.json").read_text())
+        module = __import__(summary["study"])
+        assert study.rejudge(module.get_study(summary["quick"]), module.claims, curves.parent) == [], curves
