@@ -136,6 +136,10 @@ class TrainConfig:
     minibatches: int = 1
     micro_batches: int = 1
     seed: int = 0
+    # The seed of the sampling streams (rollouts and sampled evaluations); None: `seed`. Another value
+    # resamples the same run (the same init, data order and held-out set, other samples): a study's
+    # null control measures the noise of sampling alone with it.
+    rollout_seed: int | None = None
     eval_every: int = 0  # 0: evaluate only before the first and after the last step
     eval_prompts: int = 64  # the first held-out examples (a task without a held-out set is not evaluated)
     # Sampled completions per held-out prompt: eval/accuracy_sampled is their mean (avg@n), and
@@ -174,6 +178,8 @@ class TrainConfig:
         _check("TrainConfig", {
             "steps": (self.steps >= 1, "must be >= 1"),
             "seed": (0 <= self.seed < 2**32, "must be in [0, 2**32) (it seeds a uint32 JAX random key); pick another seed"),
+            "rollout_seed": (self.rollout_seed is None or 0 <= self.rollout_seed < 2**32,
+                             "must be None or in [0, 2**32) (it seeds a uint32 JAX random key)"),
             "prompts_per_step": (self.prompts_per_step >= 1, "must be >= 1"),
             "minibatches": (self.minibatches >= 1, "must be >= 1 (optimizer updates per pass over a rollout batch)"),
             "micro_batches": (self.micro_batches >= 1, "must be >= 1 (accumulation slices of a minibatch)"),

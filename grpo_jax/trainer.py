@@ -342,7 +342,7 @@ class Trainer:
         self.state = init_state(trainable, self.optimizer)
         if not cfg.lora.rank:  # beta = 0: no reference params exist at all. A copy, as the train state is donated.
             self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
-        self.rng = jax.random.key(cfg.train.seed)
+        self.rng = jax.random.key(cfg.train.seed if cfg.train.rollout_seed is None else cfg.train.rollout_seed)
         self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
         self.position = 0  # prompt batches consumed
         self.step = 0
