@@ -11,7 +11,9 @@ solutions to 25% greedy held-out accuracy). Arms, on the same data,
 compute and seeds:
 - grpo: token ratios clipped to [1 - 0.2, 1 + 0.27], no KL (the paper's baseline);
 - gspo: length-normalized sequence ratios clipped to [1 - 3e-4, 1 + 4e-4];
-- gspo_token: GSPO-token, the same objective as gspo at sequence-level advantages: the null control.
+- gspo_token: GSPO-token, the same objective as gspo at sequence-level advantages, on its own rollouts
+  (the harness reseeds the null pair's second arm's sampling): the null control, whose paired
+  differences from gspo are the noise floor of every claim.
 Each rollout batch is split into 4 minibatches, so updates 2-4 of a batch are off-policy and the
 ratios (and clipping) act. Learning rates are chosen per arm on separate seeds (the protocol).
 

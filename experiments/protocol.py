@@ -12,9 +12,10 @@ recomputes every verdict from the committed data):
 - It holds if the one-sided exact sign test of q_s > t gives p <= ALPHA over the evaluation seeds (ties
   dropped; 8 seeds need 7 above), and the mean of q - t clears the noise floor.
 - The noise floor of a comparative half (`Difference`, `Ratio`) is the same quantity between the study's
-  null-control pair, two arms with one objective (GSPO and GSPO-token at sequence-level advantages):
-  the larger end, in absolute value, of its paired-bootstrap 95% interval of the mean. A difference an
-  identical pair can show at this seed count is never "reproduced". A `Level` has no floor.
+  null-control pair, two arms with one objective (GSPO and GSPO-token at sequence-level advantages,
+  the second drawing its own rollouts: study.Study.null_pair): the larger end, in absolute value, of
+  its paired-bootstrap 95% interval of the mean. A difference that sampling noise alone produces at
+  this seed count is never "reproduced". A `Level` has no floor.
 - Collapse (`collapse`): held-out greedy accuracy at the end of a run (its last 20%) below the warm
   start's by more than two binomial standard errors, or the training reward (a moving average over 10%
   of the steps) falling below half its peak after reaching it.

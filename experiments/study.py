@@ -83,6 +83,7 @@ from warm_start import WarmStart, warm_start
 
 HERE = pathlib.Path(__file__).parent
 VERDICTS = protocol.VERDICTS  # not_run: the runs it needs were not made
+NULL_RESAMPLE = 1_000_003  # the null pair's second arm samples with train.rollout_seed = seed + this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,9 @@ class Study:
     # ends table.md; it may write its own figures into results_dir.
     report: Callable[["Results", pathlib.Path], str] | None = None
     # Two arms with one objective (GSPO and GSPO-token at sequence-level advantages): their paired spread
-    # is the noise floor of every comparative claim. The second takes the first's learning rate.
+    # is the noise floor of every comparative claim. The second takes the first's learning rate and
+    # draws its own rollouts (train.rollout_seed = seed + NULL_RESAMPLE): the two compute the same
+    # numbers, so without it their spread would be zero, not the noise of sampling.
     null_pair: tuple[str, str] | None = None
     # Learning rates tried per arm on `selection_seeds` (separate from `seeds`); each arm then runs the
     # evaluation seeds at the rate with the highest mean of `select` over them (the first such, on ties).
@@ -278,6 +281,8 @@ def train_all(study: Study, arms: Mapping[str, Config], seeds, runs_dir: pathlib
         warm = {}
         for arm, cfg in arms.items():
             cfg = with_seed(cfg, seed, dirs[arm])
+            if study.null_pair and arm == study.null_pair[1]:  # the null control draws its own rollouts
+                cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, rollout_seed=seed + NULL_RESAMPLE))
             ws, params = study.warm_start_of(arm.split("@")[0]), None
             if ws is not None and not skip_warm:
                 key = warm_start_key(ws, cfg)

@@ -88,9 +88,10 @@ def check_outputs(s: study.Study, summary: dict, tmp_path: pathlib.Path, claims)
 
 
 def step0(tmp_path, arm, seed) -> dict:
-    """The evaluations before the first RL step (without the run's clock)."""
+    """The greedy evaluations before the first RL step (the sampled ones follow the run's rollout seed,
+    which the null control changes)."""
     with (tmp_path / "runs" / arm / f"seed{seed}" / "metrics.jsonl").open() as f:
-        return {k: v for k, v in json.loads(f.readline()).items() if k != "time/run_s"}
+        return {k: v for k, v in json.loads(f.readline()).items() if "greedy" in k}
 
 
 def test_only_keeps_the_named_arms_and_the_null_pair_only_whole():
@@ -143,6 +144,10 @@ def test_gspo_vs_grpo(tmp_path):
         assert tuple(arms[arm][f"algorithm.{k}"] for k in ("loss", "loss.eps_low", "loss.eps_high", "beta")) == want
     assert arms["gspo_token"]["algorithm.loss"] == "gspo_token" and summary["protocol"]["null_pair"] == ["gspo", "gspo_token"]
     assert {c["train.minibatches"] for c in arms.values()} == {4}
+    # The null control resamples: its rollouts (and so its curves) differ from gspo's, whose objective it shares.
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    assert stored["gspo"]["0"]["rows"][1]["completion/length_mean"] != stored["gspo_token"]["0"]["rows"][1][
+        "completion/length_mean"]
     assert [c["source"] for c in summary["claims"]] == [f"arXiv 2507.18071 (GSPO), {x}" for x in
                                                         ("Figure 1", "Figure 2", "sec. 3.1", "sec. 3.1")]
     assert all(c["verdict"] in study.VERDICTS and c["halves"] for c in summary["claims"])
