@@ -173,6 +173,11 @@ class TrainConfig:
     # Completion-length bucket edges (tokens, increasing) of the per-length token-ratio metrics
     # (algorithms.ratio_by_length: within-completion log-ratio variance per bucket); () reports none.
     length_buckets: tuple[int, ...] = ()
+    # MoE: also run each update's forward on the other routes (pi_old's recorded experts when the router
+    # picks, the router's own when they are replayed) and report the token log-ratio under both, on the
+    # same params and batch (routing.ratio_by_routes): the part of the ratio's drift that routing
+    # changes cause (GSPO sec. 5.3). One more forward per update.
+    compare_routes: bool = False
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -253,6 +258,9 @@ class Config:
                                  "reaches the device: lower it")
         if self.model is not None:
             check_routing_replay(self.algorithm, self.model)
+            if self.train.compare_routes and not any(self.model.moe_layers):
+                raise ValueError(f"train.compare_routes=True compares mixture-of-experts routes, but the "
+                                 f"{self.model.model_type} model has no MoE layer; set it to False")
 
 
 def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None:
@@ -288,7 +296,7 @@ def flatten(cfg) -> dict:
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
-    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "train.compare_routes", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
     "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
     "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before

@@ -22,6 +22,8 @@ give the counted log-probs, weighted by the loss mask; exact under micro-batchin
 - `routing/expert_load`: max / mean over experts of the routed token counts (the experts the forward
   ran: replayed or the router's own), per MoE layer, averaged over layers; the counts are summed over
   micro-batches before the ratio, and updates merge weighted by their counted tokens.
+- With `train.compare_routes`: the token log-ratio to pi_old under the router's own picks and under
+  pi_old's replayed routes, on the same params and batch (`ratio_by_routes`).
 """
 
 import jax
@@ -66,3 +68,17 @@ def expert_load(counts: Float[Array, "moe_layers experts"], num_tokens: Float[Ar
     mean = counts.mean(-1)
     load = jnp.where(mean > 0, counts.max(-1) / jnp.maximum(mean, 1e-30), 0.0).mean()
     return Metric.mean(load, num_tokens)
+
+
+def ratio_by_routes(own_logp, replayed_logp, old_logp, mask) -> dict[str, Metric]:
+    """The token log-ratio to pi_old on the same params and batch under the router's own picks and under
+    pi_old's replayed routes (`train.compare_routes`): `routing/log_ratio_abs_mean_own` and
+    `routing/log_ratio_abs_mean_replayed` (mean |log ratio| over counted tokens), and
+    `routing/log_ratio_abs_max_own` and `..._replayed`. Their gap is what the routes that moved add to
+    the ratio's drift (GSPO, arXiv 2507.18071, sec. 5.3)."""
+    out = {}
+    for name, logp in (("own", own_logp), ("replayed", replayed_logp)):
+        d = jnp.abs(jax.lax.stop_gradient(logp - old_logp).astype(jnp.float32))
+        out[f"routing/log_ratio_abs_mean_{name}"] = Metric.mean(d, mask)
+        out[f"routing/log_ratio_abs_max_{name}"] = Metric.max(d, mask)
+    return out

@@ -293,6 +293,12 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
     )
     if cfg.train.length_buckets:
         metrics.update(algorithms.ratio_by_length(logp, old_logp, batch.mask, cfg.train.length_buckets))
+    if cfg.train.compare_routes and batch.routes is not None:
+        other, _ = logprobs(lora.policy_params(cfg.lora, params, ref_params), batch.tokens, batch.positions,
+                            batch.segment_ids, batch.mask, False, None if replayed is not None else batch.routes,
+                            packing=batch.packing)
+        own, old_routes = (other, logp) if replayed is not None else (logp, other)
+        metrics.update(routing.ratio_by_routes(own, old_routes, old_logp, batch.mask))
     counts = None
     if "routes" in aux:  # MoE
         routing_metrics, counts = routing.metrics(aux, batch.routes, replayed is not None, batch.mask,

@@ -165,7 +165,7 @@ def test_routes_and_metrics_survive_micro_batches_and_a_mesh(rollouts):
     cfg = Config(
         model=model, sampling=SamplingConfig(max_prompt_len=PROMPT, max_new_tokens=NEW, group_size=4, temperature=0.7),
         algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, routing_replay="old"),
-        optim=OptimConfig(learning_rate=1e-3), train=TrainConfig(micro_batches=2),
+        optim=OptimConfig(learning_rate=1e-3), train=TrainConfig(micro_batches=2, compare_routes=True),
     )
     tokens, positions, segments, mask = rollouts
     old_params = dict(params, moe=dict(params["moe"], router=params["moe"]["router"]
@@ -191,6 +191,12 @@ def test_routes_and_metrics_survive_micro_batches_and_a_mesh(rollouts):
     m = metrics_lib.finalize(m)
     np.testing.assert_allclose(m["loss"], loss, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m["grad_norm"], jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(grads))), rtol=1e-4)
+    # compare_routes: the log-ratio under the router's own picks and under the replayed routes, same params and batch.
+    for name, logp in (("own", unreplayed), ("replayed", replayed)):
+        d = np.abs(np.asarray(logp, np.float64) - np.asarray(old_logp, np.float64))
+        np.testing.assert_allclose(m[f"routing/log_ratio_abs_mean_{name}"], (d * mask).sum() / mask.sum(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(m[f"routing/log_ratio_abs_max_{name}"], d[np.asarray(mask) > 0].max(), rtol=1e-4, atol=1e-6)
+    assert m["routing/log_ratio_abs_mean_own"] != m["routing/log_ratio_abs_mean_replayed"]
     _, aux = jax.jit(models.forward_with_aux, static_argnums=0)(  # the replayed forward's router
         model, params, tokens[:, :-1], positions[:, :-1], segments[:, :-1], jnp.moveaxis(routes, 1, 0))
     logits = np.asarray(aux["router_logits"], np.float64)[:, :, -NEW:]
@@ -211,6 +217,8 @@ def test_dense_models_reject_routing_replay(tmp_path):
     models.save_hf(dense, models.init(dense, jax.random.key(0)), tmp_path)  # a model_path: caught before loading
     with pytest.raises(ValueError, match="no MoE layer"):
         trainer.check(Config(model_path=str(tmp_path), algorithm=replay, train=TrainConfig(out_dir=str(tmp_path / "run"))))
+    with pytest.raises(ValueError, match="compare_routes=True compares mixture-of-experts routes"):
+        Config(model=dense, train=TrainConfig(compare_routes=True))
     with pytest.raises(ValueError, match="routing_replay='none'"):  # a loss without ratio: R2 would do nothing
         algorithms.AlgorithmConfig.from_preset("gpg", routing_replay="old")
 
@@ -237,7 +245,8 @@ def moe_run(run_dir, mode: str) -> Config:
         algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, routing_replay=mode),
         reward=RewardConfig(names=("exact", "length"), weights=(1.0, 0.5), num_workers=1),
         optim=OptimConfig(learning_rate=3e-2),
-        train=TrainConfig(steps=1, prompts_per_step=2, minibatches=2, eval_prompts=4, out_dir=str(run_dir)),
+        train=TrainConfig(steps=1, prompts_per_step=2, minibatches=2, eval_prompts=4, out_dir=str(run_dir),
+                          compare_routes=True),
     )
 
 
@@ -250,6 +259,9 @@ def test_a_tiny_moe_policy_trains_with_each_routing_replay(mode, run_dir):
     metrics, (first, second) = t.train_step()
     assert all(np.isfinite(v) for v in metrics.values()), metrics
     assert first["log_ratio_abs_max"] < 1e-5 and first["routing/changed_sets_frac"] == 0
+    # compare_routes, whichever routes the update runs on: at pi_old's params both ratios are 1.
+    assert max(first[f"routing/log_ratio_abs_max_{r}"] for r in ("own", "replayed")) < 1e-5
+    assert second["routing/log_ratio_abs_mean_own"] > 0 and second["routing/log_ratio_abs_mean_replayed"] > 0
     assert 0 < first["routing/entropy_mean"] <= np.log(E)
     assert 1 <= metrics["routing/expert_load"] <= E / K
     assert int(t.state.step) == 2 and int(t.state.skipped) == 0
