@@ -127,6 +127,9 @@ class Study:
     selection_seeds: tuple[int, ...] = (100, 101)
     select: Callable[["Run"], float] = lambda run: run.mean("reward/mean")
     select_rule: str = "the highest training reward averaged over the run (the area under the curve per update)"
+    # Arms that take another arm's chosen rate times a factor instead of choosing one: a setting declared
+    # beforehand relative to it (e.g. {"grpo_hot": ("grpo", 3.0)}).
+    rate_from: Mapping[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
     quick: bool = False
 
     def __post_init__(self):
@@ -141,6 +144,10 @@ class Study:
         if self.null_pair and not set(self.null_pair) <= set(self.arms):
             raise ValueError(f"Study {self.name!r}: null_pair={self.null_pair} names arms it does not have "
                              f"({sorted(self.arms)})")
+        for arm, (source, _) in self.rate_from.items():
+            if arm not in self.arms or source not in self.arms or source in self.rate_from:
+                raise ValueError(f"Study {self.name!r}: rate_from[{arm!r}] = {source!r}: both must be arms, and "
+                                 f"{source!r} must choose its own rate")
         if self.learning_rates and set(self.selection_seeds) & set(self.seeds):
             raise ValueError(f"Study {self.name!r}: selection_seeds {self.selection_seeds} overlap the evaluation "
                              f"seeds {self.seeds}; choose learning rates on other seeds")
@@ -154,7 +161,8 @@ class Study:
             plots=tuple(p for p in self.plots if not p.arms or set(p.arms) <= keep),
             warm_start={a: w for a, w in self.warm_start.items() if a in keep}
             if isinstance(self.warm_start, Mapping) else self.warm_start,
-            null_pair=self.null_pair if self.null_pair and set(self.null_pair) <= keep else None)
+            null_pair=self.null_pair if self.null_pair and set(self.null_pair) <= keep else None,
+            rate_from={a: (b, f) for a, (b, f) in self.rate_from.items() if a in keep and b in keep})
 
     def warm_start_of(self, arm: str) -> WarmStart | None:
         return self.warm_start[arm] if isinstance(self.warm_start, Mapping) else self.warm_start
@@ -346,12 +354,14 @@ def select_rates(study: Study, selection: dict) -> dict:
     if study.null_pair:
         chosen[study.null_pair[1]] = {"chosen": chosen[study.null_pair[0]]["chosen"],
                                       "note": f"the rate chosen for {study.null_pair[0]}, the null pair's first arm"}
-    return chosen
+    for arm, (source, factor) in study.rate_from.items():
+        chosen[arm] = {"chosen": chosen[source]["chosen"] * factor, "note": f"{factor:g} x the rate chosen for {source}"}
+    return {arm: chosen[arm] for arm in study.arms}
 
 
 def trials_arms(study: Study) -> list[str]:
-    """The arms that choose their own learning rate: all but the null pair's second."""
-    return [arm for arm in study.arms if not (study.null_pair and arm == study.null_pair[1])]
+    """The arms that choose their own learning rate: all but the null pair's second and `rate_from`'s."""
+    return [arm for arm in study.arms if not (study.null_pair and arm == study.null_pair[1]) and arm not in study.rate_from]
 
 
 def evaluated_arms(study: Study, selection: dict | None) -> dict[str, Config]:

@@ -330,3 +330,24 @@ def test_committed_results_rejudge_to_their_summaries():
         summary = json.loads((curves.parent / "summary.json").read_text())
         module = __import__(summary["study"])
         assert study.rejudge(module.get_study(summary["quick"]), module.claims, curves.parent) == [], curves
+
+
+def test_learning_rates_are_chosen_per_arm_and_followed():
+    """Each arm's rate is the best mean of `select` over the selection seeds (a diverged rate never wins);
+    the null pair's second takes its first's, and a `rate_from` arm its source's times the factor."""
+    full = gspo_vs_grpo.get_study(quick=False)
+    s = dataclasses.replace(full, arms={**full.arms, "grpo_hot": full.arms["grpo"]}, rate_from={"grpo_hot": ("grpo", 3.0)})
+    reward = {("grpo", 3e-5): 0.1, ("grpo", 1e-4): 0.3, ("grpo", 3e-4): float("nan"),
+              ("gspo", 3e-5): 0.2, ("gspo", 1e-4): 0.2, ("gspo", 3e-4): 0.1}  # gspo: a tie, the first rate wins
+    rows = lambda r: [{"step": k, "reward/mean": r, "completion/length_mean": 40.0, "groups/gen_rounds": 1.0}
+                      for k in range(1, 4)]  # noqa: E731
+    selection = {f"{a}@{lr:g}": {str(seed): {"rows": rows(r), "resumed": False} for seed in s.selection_seeds}
+                 for (a, lr), r in reward.items()}
+    assert list(study.trials(s)) == list(selection)  # the null pair's second and grpo_hot choose nothing
+    chosen = study.select_rates(s, selection)
+    assert {a: c["chosen"] for a, c in chosen.items()} == {"grpo": 1e-4, "gspo": 3e-5, "gspo_token": 3e-5,
+                                                           "grpo_hot": pytest.approx(3e-4)}
+    assert chosen["grpo"]["per_rate"]["0.0001"] == {"per_seed": [0.3, 0.3], "mean": 0.3}
+    assert study.evaluated_arms(s, chosen)["grpo_hot"].optim.learning_rate == pytest.approx(3e-4)
+    with pytest.raises(ValueError, match="rate_from\\['grpo_hot'\\] = 'gspo_hot'"):
+        dataclasses.replace(s, rate_from={"grpo_hot": ("gspo_hot", 2.0)})
