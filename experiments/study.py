@@ -76,7 +76,7 @@ import numpy as np
 
 from grpo_jax import distributed, sharding
 from grpo_jax import run as run_lib
-from grpo_jax.config import Config, flatten, override
+from grpo_jax.config import Config, flatten, override, with_defaults
 from grpo_jax.logging import read_rows
 import protocol
 from warm_start import WarmStart, warm_start
@@ -536,8 +536,9 @@ def rejudge(study: Study, claims: Callable[["Results"], list[dict]], results_dir
     summary = json.loads((results_dir / "summary.json").read_text())
     study = dataclasses.replace(study.only(summary["arms"]), seeds=tuple(summary["seeds"]))
     now = json.loads(json.dumps(configs(study)))
-    changed = sorted({k for k in (*now["config"], *summary["config"]) if now["config"].get(k) != summary["config"].get(k)}
-                     | {a for a in now["arms"] if now["arms"][a] != summary["arms"].get(a)})
+    stored = {arm: with_defaults({**summary["config"], **summary["arms"][arm]}) for arm in summary["arms"]}
+    changed = sorted({f"{arm}: {k}" for arm, diff in now["arms"].items() for k, v in {**now["config"], **diff}.items()
+                      if stored.get(arm, {}).get(k) != v})
     if changed:
         raise ValueError(f"{results_dir}: the study's configs changed since these results were written ({changed}); "
                          "rerun the study, or check out the commit in summary.json's git.commit")

@@ -10,6 +10,7 @@ import Config, ModelConfig, RewardConfig, ...` (only the packages this module im
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import types
@@ -339,12 +340,23 @@ def upgrade(saved: dict) -> dict:
     return out
 
 
+@functools.cache
+def _defaults() -> dict:
+    return json.loads(json.dumps(flatten(Config(model_path="-"))))
+
+
+def with_defaults(saved: dict) -> dict:
+    """A stored flattened config (a checkpoint's, a study's) in today's keys (`upgrade`), every field
+    added since it was stored at its default: a new field at its default is no change."""
+    return {**_defaults(), **upgrade(saved)}
+
+
 def resume_changes(saved: dict, now: dict, also: tuple[str, ...] = ()) -> list[str]:
     """The fields in which `now` (flatten of the run's config) differs from `saved` (a checkpoint's, in
-    its own or an older format: `upgrade`) and may not (beyond RESUMABLE and `also`), as "field: saved
+    its own or an older format: `with_defaults`) and may not (beyond RESUMABLE and `also`), as "field: saved
     -> now" lines. `train.steps` may change (extend or cut a run) only with a constant learning rate: a
     cosine schedule decays over train.steps, so it sets the trajectory."""
-    saved = upgrade(saved)
+    saved = with_defaults(saved)
     now = json.loads(json.dumps(now))  # tuples and lists alike, as stored
     may_change = RESUMABLE + also + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
     return [

@@ -18,7 +18,7 @@ import pytest
 
 from grpo_jax import checkpoint, models, trainer
 from grpo_jax import train_step as ts
-from grpo_jax.config import flatten, override, resume_changes
+from grpo_jax.config import AlgorithmConfig, flatten, override, resume_changes
 from grpo_jax import logging as run_logging
 from grpo_jax.rewards import scoring
 from grpo_jax.train import load_config, main, parse_args
@@ -484,8 +484,13 @@ def test_resume_changes_allow_only_what_keeps_the_trajectory():
     renamed = {k.replace(".layer_loop", ".scan_layers"): True if k.endswith(".layer_loop") else v for k, v in saved.items()}
     assert sorted(set(renamed) - set(saved)) == ["model.scan_layers", "model_options.scan_layers"]
     assert resume_changes(renamed, saved) == []  # a checkpoint saved before layer_loop's rename resumes
+    # A field that changes the run, added since: absent reads as its default (the run as it was saved).
+    before = {k: v for k, v in saved.items() if k != "train.rollout_seed"}
+    assert resume_changes(before, saved) == []
+    assert resume_changes(before, flatten(override(quickstart, ["train.rollout_seed=5"]))) == [
+        "train.rollout_seed: None -> 5"]
     del older["algorithm.loss"]
-    assert resume_changes(older, saved) == ["algorithm.loss: '(absent)' -> 'gspo'"]
+    assert resume_changes(older, saved) == [f"algorithm.loss: {AlgorithmConfig().loss.name!r} -> 'gspo'"]
 
 
 @pytest.mark.slow
