@@ -47,6 +47,8 @@ def sign_test(q, target: float = 0.0) -> float:
 def bootstrap_interval(q, level: float = 0.95) -> tuple[float, float]:
     """Percentile interval of the mean of q over BOOTSTRAP resamples of its seeds (seeded: reproducible)."""
     q = np.asarray(q, float)
+    if not np.isfinite(q).all():  # a run without the quantity (nan): no interval
+        return float("nan"), float("nan")
     means = q[np.random.default_rng(0).integers(0, q.size, (BOOTSTRAP, q.size))].mean(1)
     return tuple(float(v) for v in np.quantile(means, [(1 - level) / 2, (1 + level) / 2]))
 
