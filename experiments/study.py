@@ -536,9 +536,11 @@ def rejudge(study: Study, claims: Callable[["Results"], list[dict]], results_dir
     summary = json.loads((results_dir / "summary.json").read_text())
     study = dataclasses.replace(study.only(summary["arms"]), seeds=tuple(summary["seeds"]))
     now = json.loads(json.dumps(configs(study)))
-    stored = {arm: with_defaults({**summary["config"], **summary["arms"][arm]}) for arm in summary["arms"]}
-    changed = sorted({f"{arm}: {k}" for arm, diff in now["arms"].items() for k, v in {**now["config"], **diff}.items()
-                      if stored.get(arm, {}).get(k) != v})
+    changed = []
+    for arm, diff in now["arms"].items():
+        arm_now = {**now["config"], **diff}
+        stored = with_defaults({**summary["config"], **summary["arms"].get(arm, {})}, arm_now)
+        changed += [f"{arm}: {k}" for k, v in arm_now.items() if stored.get(k) != v]
     if changed:
         raise ValueError(f"{results_dir}: the study's configs changed since these results were written ({changed}); "
                          "rerun the study, or check out the commit in summary.json's git.commit")

@@ -345,10 +345,12 @@ def _defaults() -> dict:
     return json.loads(json.dumps(flatten(Config(model_path="-"))))
 
 
-def with_defaults(saved: dict) -> dict:
-    """A stored flattened config (a checkpoint's, a study's) in today's keys (`upgrade`), every field
-    added since it was stored at its default: a new field at its default is no change."""
-    return {**_defaults(), **upgrade(saved)}
+def with_defaults(saved: dict, now: dict) -> dict:
+    """A stored flattened config (a checkpoint's, a study's) in today's keys (`upgrade`), with each field
+    of `now` that it lacks (added since it was stored) at its default: a new field at its default is no
+    change."""
+    saved, defaults = upgrade(saved), _defaults()
+    return {**{k: defaults[k] for k in now if k not in saved and k in defaults}, **saved}
 
 
 def resume_changes(saved: dict, now: dict, also: tuple[str, ...] = ()) -> list[str]:
@@ -356,8 +358,8 @@ def resume_changes(saved: dict, now: dict, also: tuple[str, ...] = ()) -> list[s
     its own or an older format: `with_defaults`) and may not (beyond RESUMABLE and `also`), as "field: saved
     -> now" lines. `train.steps` may change (extend or cut a run) only with a constant learning rate: a
     cosine schedule decays over train.steps, so it sets the trajectory."""
-    saved = with_defaults(saved)
     now = json.loads(json.dumps(now))  # tuples and lists alike, as stored
+    saved = with_defaults(saved, now)
     may_change = RESUMABLE + also + (("train.steps",) if now.get("optim.schedule") == "constant" else ())
     return [
         f"{key}: {saved.get(key, '(absent)')!r} -> {now.get(key, '(absent)')!r}"
