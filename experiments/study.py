@@ -351,17 +351,19 @@ def select_rates(study: Study, selection: dict) -> dict:
         best = max(study.learning_rates, key=lambda lr: (np.nan_to_num(per_rate[f"{lr:g}"]["mean"], nan=-np.inf),
                                                          -study.learning_rates.index(lr)))  # a diverged rate: last
         chosen[arm] = {"per_rate": per_rate, "chosen": best}
-    if study.null_pair:
-        chosen[study.null_pair[1]] = {"chosen": chosen[study.null_pair[0]]["chosen"],
-                                      "note": f"the rate chosen for {study.null_pair[0]}, the null pair's first arm"}
-    for arm, (source, factor) in study.rate_from.items():
+    for arm, (source, factor) in followers(study).items():
         chosen[arm] = {"chosen": chosen[source]["chosen"] * factor, "note": f"{factor:g} x the rate chosen for {source}"}
     return {arm: chosen[arm] for arm in study.arms}
 
 
+def followers(study: Study) -> dict[str, tuple[str, float]]:
+    """The arms that take another's chosen rate (times a factor): `rate_from`'s and the null pair's second."""
+    return {**study.rate_from, **({study.null_pair[1]: (study.null_pair[0], 1.0)} if study.null_pair else {})}
+
+
 def trials_arms(study: Study) -> list[str]:
-    """The arms that choose their own learning rate: all but the null pair's second and `rate_from`'s."""
-    return [arm for arm in study.arms if not (study.null_pair and arm == study.null_pair[1]) and arm not in study.rate_from]
+    """The arms that choose their own learning rate."""
+    return [arm for arm in study.arms if arm not in followers(study)]
 
 
 def evaluated_arms(study: Study, selection: dict | None) -> dict[str, Config]:
@@ -619,11 +621,6 @@ def table_md(study: Study, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _smooth(y: np.ndarray, frac: float) -> np.ndarray:
-    w = max(1, int(round(frac * len(y))))
-    return np.convolve(y, np.ones(w) / w, mode="valid") if w > 1 and len(y) > w else y
-
-
 def plot(results: Results, p: Plot, path: pathlib.Path) -> None:
     import matplotlib
 
@@ -640,9 +637,9 @@ def plot(results: Results, p: Plot, path: pathlib.Path) -> None:
             frac = 0.0 if key.startswith("eval/") else p.smooth  # evaluations are few: unsmoothed
             n = min(len(x) for x, _ in series)
             for x, y in series:
-                ax.plot(_smooth(x, frac), _smooth(y, frac), color=color, lw=0.6, alpha=0.35)
+                ax.plot(protocol.smoothed(x, frac), protocol.smoothed(y, frac), color=color, lw=0.6, alpha=0.35)
             mx, my = np.mean([x[:n] for x, _ in series], 0), np.mean([y[:n] for _, y in series], 0)
-            ax.plot(_smooth(mx, frac), _smooth(my, frac), color=color, lw=2, label=f"{arm} ({len(series)})",
+            ax.plot(protocol.smoothed(mx, frac), protocol.smoothed(my, frac), color=color, lw=2, label=f"{arm} ({len(series)})",
                     marker="o" if key.startswith("eval/") else None, ms=3)
         ax.set_title(key, fontsize=9)
         if p.logy:
