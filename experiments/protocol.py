@@ -7,8 +7,9 @@ recomputes every verdict from the committed data):
 - A `Claim` has one or two halves. Every half holds: "reproduced"; one of two: "partial"; none:
   "not_reproduced"; an arm it needs was not run: "not_run".
 - A half is a per-seed quantity q_s with a target t, claimed above it: `Difference` (metric of arm a
-  minus arm b, t = 0), `Ratio` (log10 of a's metric over b's, t = log10(at_least)), `Level` (one arm's
-  metric against a threshold, either side).
+  minus arm b, t = at_least: 0 for "a above b", -margin for "a no worse than b by more than margin"),
+  `Ratio` (log10 of a's metric over b's, t = log10(at_least)), `Level` (one arm's metric against a
+  threshold, either side).
 - It holds if the one-sided exact sign test of q_s > t gives p <= ALPHA over the evaluation seeds (ties
   dropped; 8 seeds need 7 above), and the mean of q - t clears the noise floor.
 - The noise floor of a comparative half (`Difference`, `Ratio`) is the same quantity between the study's
@@ -58,12 +59,14 @@ Metric = Callable[["study.Run"], float]  # noqa: F821  (a number per run: experi
 
 @dataclasses.dataclass(frozen=True)
 class Difference:
-    """metric(a) - metric(b) per seed, claimed > 0."""
+    """metric(a) - metric(b) per seed, claimed > at_least (0: a beats b; negative: a is no worse than b
+    by more than -at_least)."""
 
     label: str
     metric: Metric
     a: str
     b: str
+    at_least: float = 0.0
     comparative = True
 
     @property
@@ -72,7 +75,7 @@ class Difference:
 
     @property
     def target(self) -> float:
-        return 0.0
+        return self.at_least
 
     def values(self, results) -> np.ndarray:
         return results.values(self.a, self.metric) - results.values(self.b, self.metric)
@@ -81,14 +84,14 @@ class Difference:
         return dataclasses.replace(self, a=a, b=b)
 
     def describe(self) -> str:
-        return f"{self.label}: {self.a} minus {self.b} above 0"
+        return f"{self.label}: {self.a} minus {self.b} above {self.at_least:g}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Ratio(Difference):
     """log10(metric(a) / metric(b)) per seed, claimed > log10(at_least)."""
 
-    at_least: float = 1.0
+    at_least: float = 1.0  # the ratio
 
     @property
     def target(self) -> float:

@@ -80,6 +80,19 @@ def test_two_halves_one_holding_is_partial_and_the_rule_says_so():
         protocol.Claim("three", source="s", paper="p", halves=halves + halves[:1])
 
 
+def test_a_margin_makes_a_no_worse_than_half():
+    # a trails b by 0.02 on every seed: "no worse by more than 0.05" holds (excess 0.03 over a floor of
+    # 0.0075), "a beats b" does not, and a margin the floor swallows (0.025: excess 0.005) does not either.
+    null = {"n1": [0.5] * 8, "n2": [0.51, 0.49] * 4}
+    r = results({"a": [0.48] * 8, "b": [0.5] * 8, **null})
+    half = protocol.Difference("x", x, "a", "b", at_least=-0.05)
+    judged = protocol.judge_half(half, r, NULL)
+    assert judged["noise_floor"] == pytest.approx(0.0075) and judged["mean"] == pytest.approx(-0.02)
+    assert judged["holds"] and judged["seeds_above"] == 8 and "a minus b above -0.05" in judged["half"]
+    assert not protocol.judge_half(protocol.Difference("x", x, "a", "b"), r, NULL)["holds"]
+    assert not protocol.judge_half(protocol.Difference("x", x, "a", "b", at_least=-0.025), r, NULL)["holds"]
+
+
 def test_ratio_and_level_below():
     ratio = protocol.Ratio("x", x, "a", "b", at_least=10)
     r = results({"a": [2.0, 3.0, 4.0], "b": [0.1, 0.2, 0.3], "n1": [1.0] * 3, "n2": [1.0] * 3})
