@@ -1,151 +1,124 @@
-"""Dr. GRPO's length bias at toy scale ("Understanding R1-Zero-Like Training", arXiv 2503.20783).
+"""Dr. GRPO's length bias on written-out column addition ("Understanding R1-Zero-Like Training",
+arXiv 2503.20783), under the shared protocol (experiments/protocol.py).
 
-    python experiments/length_bias.py [--quick] [--results-dir DIR] [--seeds 0 1 2]
+    python experiments/length_bias.py [--quick] [--resume] [--rejudge]
 
-The claim: GRPO's 1/|o_i| weighting (and its division by the group's reward std) penalizes long
-incorrect completions less than short ones, so incorrect completions grow longer over training;
-Dr. GRPO (sum over tokens / L_max, advantages r - mean) does not, at the same accuracy.
+The claim (sec. 3.1, Figure 1 right): GRPO's per-response 1/|o_i| weighting gives each token of a long
+response a smaller share of its advantage, so a long incorrect response is penalized less per token
+than a short one, and incorrect responses grow longer over training; Dr. GRPO (token sum over a
+constant L_max, advantages r - mean) has no such preference, and keeps accuracy with fewer tokens.
 
-A task where length is free: the quickstart's arithmetic ("13+7=" -> "20", tiny char-level Qwen3-style
-model), exact-match reward, which reads the last number of the completion, so spaces before and after
-the answer cost nothing; max_new_tokens=32, ten times the answer. The warm start writes the answer
-between runs of spaces of geometric length (mean ~0.8 each side), so the initial policy already varies
-its length and RL can move it either way; it runs until 20% greedy held-out accuracy. Two layouts:
-"around" (filler before and after the answer: a scratchpad the answer follows) and "after" (filler only
-after the answer: the length is chosen knowing the answer, which is where the 1/|o_i| weighting can
-pull wrong answers longer and right ones shorter; before the answer, length and correctness are
-independent in expectation unless the filler changes the answer's accuracy).
+Where lengths can grow: the long_addition config's model on three-digit column addition only (one
+difficulty, so a change in the length of incorrect completions is not a change in which problems are
+wrong), up to 128 new tokens, three times a reference completion (33 to 41 tokens with eos). The warm
+start writes each column step again (a check) with probability CHECK per repeat, so the initial policy
+already varies its length, by 12 tokens on average (greedy decoding writes no check), and RL can move
+it either way: the exact reward reads only the sum after "#### ", so checks cost nothing but tokens.
 
-Arms: GRPO (the grpo preset with beta=0: Dr. GRPO's preset has no KL term either, so the arms differ
-only in the two terms the claim is about) and Dr. GRPO (the dr_grpo preset), per layout; same
-learning rate (8e-4 cosine, Adam: insensitive to Dr. GRPO's smaller loss scale), 2 minibatches.
-Measured per step on the training rollouts: mean length of correct and of incorrect completions
-(completion/length_correct, completion/length_incorrect), accuracy; held-out greedy accuracy.
-Growth = mean over the last 20% of steps - mean over the first 10%.
-Verdicts: "GRPO grows incorrect completions" is reproduced if, in a layout, GRPO's incorrect length
-grows and grows more than its correct length in every seed; partial if the mean over seeds does;
-not_reproduced otherwise. "Dr. GRPO does not" is reproduced if Dr. GRPO's incorrect-length growth is
-below GRPO's in every seed of that layout and its final accuracy is within 0.05 of GRPO's or above;
-partial if below on the mean; not_reproduced otherwise.
+Arms, on the same data, compute and seeds: grpo (the grpo preset with beta = 0: Dr. GRPO has no KL
+term either, so the arms differ only in the two terms the claim is about), dr_grpo (the preset), and
+the null pair gspo and gspo_token (one objective at sequence-level advantages; the second draws its own
+rollouts): their paired spread is the noise floor of every comparison. Learning rates are chosen per
+arm on separate seeds (the protocol). 2 minibatches per rollout batch.
+
+Measured per step on the training rollouts: the mean length of correct and of incorrect completions.
+Growth = the mean over the last 20% of steps minus the mean over the first 10%.
 """
 
 import numpy as np
-from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
+from configs.long_addition import get_config as long_addition_config  # experiments/configs/long_addition.py
 
 from grpo_jax.config import override
 
+import protocol
 import study
 from warm_start import WarmStart
 
 PAPER = "arXiv 2503.20783 (Dr. GRPO)"
-FILLER_CONTINUE = 0.45  # each filler space is followed by another with this probability
-ALGORITHMS = {
+NULL = ("gspo", "gspo_token")
+ARMS = {
     "grpo": ["algorithm.preset=grpo", "algorithm.beta=0"],
     "dr_grpo": ["algorithm.preset=dr_grpo"],
+    "gspo": ["algorithm.preset=gspo"],
+    "gspo_token": ["algorithm.preset=gspo_token"],
 }
+CHECK = 0.3  # a written step is followed by a copy of itself (a check) with this probability, repeatedly
 
 
-def filler(rng) -> str:
-    return " " * (rng.geometric(1 - FILLER_CONTINUE) - 1)
+def written_with_checks(example: dict, rng: np.random.Generator) -> str:
+    """The written solution with each column step repeated a geometric number of times (mean 1 / (1 -
+    CHECK)): the same answer at many lengths."""
+    *steps, answer = example["solution"].split(";")
+    return ";".join([s for s in steps for _ in range(rng.geometric(1 - CHECK))] + [answer])
 
 
-def answer_in_filler(example: dict, rng: np.random.Generator) -> str:
-    """The answer between two runs of spaces of geometric length: greedy decoding writes none."""
-    return filler(rng) + example["answer"] + filler(rng)
-
-
-def answer_then_filler(example: dict, rng: np.random.Generator) -> str:
-    """The answer, then a run of spaces of geometric length."""
-    return example["answer"] + filler(rng)
-
-
-LAYOUTS = {"around": answer_in_filler, "after": answer_then_filler}
-
-
-def get_study(quick: bool) -> study.Study:
-    base = override(quickstart_config(), [  # the quickstart's model, task and schedule; room for filler
-        "sampling.max_new_tokens=32", f"train.steps={120 if quick else 300}", "train.eval_prompts=256",
-        "train.eval_every=25", "train.checkpoint_every=10000",
-    ])
-    layouts = ("after",) if quick else tuple(LAYOUTS)
-    arms = {f"{alg}_{layout}": override(base, changes) for layout in layouts for alg, changes in ALGORITHMS.items()}
-    return study.Study(
-        name="length_bias",
-        arms=arms,
-        seeds=(0, 1) if quick else (0, 1, 2),
-        warm_start={a: WarmStart(accuracy=0.2, target=LAYOUTS[a.rsplit("_", 1)[1]]) for a in arms},
-        table=TABLE,
-        plots=tuple(study.Plot(f"lengths_{layout}", ("completion/length_correct", "completion/length_incorrect",
-                                                     "accuracy", "eval/accuracy_greedy"),
-                               x="step", arms=tuple(f"{alg}_{layout}" for alg in ALGORITHMS)) for layout in layouts),
-    )
-
-
-def growth(key):
+def growth(key: str):
     return lambda run: run.mean(key, 0.8) - run.mean(key, 0.0, 0.1)
+
+
+incorrect_growth, correct_growth = growth("completion/length_incorrect"), growth("completion/length_correct")
 
 
 def final_accuracy(run):
     return run.mean("eval/accuracy_greedy", 0.8)
 
 
+def final_length(run):
+    return run.mean("completion/length_mean", 0.8)
+
+
+CLAIMS = (
+    protocol.Claim(
+        "GRPO's 1/|o_i| weighting makes incorrect completions grow longer over training, and Dr. GRPO's does not",
+        source=f"{PAPER}, sec. 3.1 and Figure 1 (right)",
+        paper="under GRPO the length of incorrect responses keeps growing over training; with Dr. GRPO it does not",
+        halves=(protocol.Level("growth of GRPO's incorrect completions (tokens)", incorrect_growth, "grpo", 0.0),
+                protocol.Difference("growth of incorrect completions (tokens)", incorrect_growth, "grpo", "dr_grpo"))),
+    protocol.Claim(
+        "Dr. GRPO keeps GRPO's accuracy with shorter completions (token efficiency)",
+        source=f"{PAPER}, sec. 3.1 and Figure 5",
+        paper="Dr. GRPO reaches the same reasoning performance as GRPO while its responses, above all the "
+              "incorrect ones, are shorter",
+        halves=(protocol.Difference("held-out greedy accuracy, last 20% (at most 0.05 below)", final_accuracy,
+                                    "dr_grpo", "grpo", at_least=-0.05),
+                protocol.Difference("completion length, last 20% (tokens)", final_length, "grpo", "dr_grpo"))),
+)
+
+
+def claims(results: study.Results) -> list[dict]:
+    return [protocol.judge(c, results, NULL) for c in CLAIMS]
+
+
 TABLE = {
-    "length of correct completions, first 10% of steps": lambda r: r.mean("completion/length_correct", 0, 0.1),
-    "length of correct completions, last 20%": lambda r: r.mean("completion/length_correct", 0.8),
-    "length of incorrect completions, first 10%": lambda r: r.mean("completion/length_incorrect", 0, 0.1),
-    "length of incorrect completions, last 20%": lambda r: r.mean("completion/length_incorrect", 0.8),
-    "growth of incorrect minus growth of correct": lambda r: growth("completion/length_incorrect")(r)
-    - growth("completion/length_correct")(r),
+    **{f"length of {k} completions, {span}": (lambda r, k=k, a=a, b=b: r.mean(f"completion/length_{k}", a, b))
+       for k in ("correct", "incorrect") for span, a, b in (("first 10% of steps", 0.0, 0.1), ("last 20%", 0.8, 1.0))},
+    "growth of incorrect completions": incorrect_growth,
+    "growth of correct completions": correct_growth,
+    "completion length, last 20%": final_length,
+    "truncated completions, last 20% (fraction)": lambda r: r.mean("completion/truncated_frac", 0.8),
     "training accuracy, last 20%": lambda r: r.mean("accuracy", 0.8),
     "held-out greedy accuracy, last 20%": final_accuracy,
     "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 
-def claims(results: study.Results) -> list[dict]:
-    layouts = [a.removeprefix("grpo_") for a in results if a.startswith("grpo_")]
-    grows, dr_flat, grows_text, dr_text = [], [], [], []
-    for layout in layouts:
-        grpo, dr = f"grpo_{layout}", f"dr_grpo_{layout}"
-        inc, cor = (results.values(grpo, growth(f"completion/length_{k}")) for k in ("incorrect", "correct"))
-        gap = inc - cor
-        grows.append("all" if (inc > 0).all() and (gap > 0).all() else "mean" if inc.mean() > 0 and gap.mean() > 0
-                     else "no")
-        grows_text.append(f"{layout}: GRPO incorrect-length growth {study.spread(inc)} tokens, correct "
-                          f"{study.spread(cor)}, difference {study.spread(gap)}")
-        dr_inc = results.values(dr, growth("completion/length_incorrect"))
-        acc_gap = results.values(dr, final_accuracy) - results.values(grpo, final_accuracy)
-        below = dr_inc - inc
-        dr_flat.append("all" if (below < 0).all() and acc_gap.mean() >= -0.05 else "mean" if below.mean() < 0 else "no")
-        dr_text.append(f"{layout}: Dr. GRPO incorrect-length growth {study.spread(dr_inc)} tokens vs GRPO "
-                       f"{study.spread(inc)} (paired difference {study.spread(below)}); held-out accuracy "
-                       f"Dr. GRPO minus GRPO {study.spread(acc_gap)}")
-
-    def verdict(levels):
-        return "reproduced" if "all" in levels else "partial" if "mean" in levels else "not_reproduced"
-
-    return [
-        study.claim(
-            "GRPO's 1/|o_i| weighting and std division make incorrect completions grow longer over training",
-            source=f"{PAPER}, Section 3.1 and Figure 1 (right)",
-            paper="under GRPO the length of incorrect responses keeps growing during training (more than that of "
-                  "correct ones)",
-            measured="; ".join(grows_text),
-            verdict=verdict(grows),
-            rule="in a layout, GRPO's incorrect length grows, and more than its correct length, in every seed: "
-                 "reproduced; on the mean over seeds: partial; else not_reproduced",
-        ),
-        study.claim(
-            "Dr. GRPO does not grow incorrect completions, at the same accuracy",
-            source=f"{PAPER}, Section 3.1 and Figure 1 (right)",
-            paper="with Dr. GRPO the length of incorrect responses stays controlled while accuracy is maintained",
-            measured="; ".join(dr_text),
-            verdict=verdict(dr_flat),
-            rule="in a layout, Dr. GRPO's incorrect-length growth below GRPO's in every seed and its held-out "
-                 "accuracy within 0.05 of GRPO's or above: reproduced; below on the mean: partial; else "
-                 "not_reproduced",
-        ),
-    ]
+def get_study(quick: bool) -> study.Study:
+    base = override(long_addition_config(), [
+        "task.min_digits=3", "task.max_digits=3", "sampling.max_new_tokens=128", "train.minibatches=2",
+        f"train.steps={40 if quick else 100}", f"train.eval_prompts={128 if quick else 256}",
+        f"train.eval_every={10 if quick else 20}", "train.checkpoint_every=20",
+    ])
+    return study.Study(
+        name="length_bias",
+        arms={name: override(base, changes) for name, changes in ARMS.items()},
+        seeds=(0, 1) if quick else tuple(range(8)),
+        learning_rates=() if quick else (3e-5, 1e-4, 3e-4),
+        null_pair=NULL,
+        warm_start=WarmStart(accuracy=0.25, batch_size=16, eval_every=50, target=written_with_checks),
+        table=TABLE,
+        plots=(study.Plot("lengths", ("completion/length_correct", "completion/length_incorrect",
+                                      "completion/length_mean", "eval/accuracy_greedy"), x="step"),),
+    )
 
 
 if __name__ == "__main__":

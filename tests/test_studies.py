@@ -200,13 +200,16 @@ def test_rejudge_finds_a_changed_verdict_and_refuses_a_changed_study(tmp_path):
 def test_length_bias(tmp_path):
     s, summary = run_tiny(length_bias, tmp_path)
     check_outputs(s, summary, tmp_path, length_bias.claims)
-    # Length is free: the exact reward reads the last number, wherever the filler puts it.
+    # Length is free: a check repeats a column step, and the exact reward reads only the sum after "#### ".
     rng = np.random.default_rng(0)
-    targets = [length_bias.answer_in_filler({"answer": "-13"}, rng) for _ in range(200)]
-    assert all(t.strip() == "-13" and functions.exact_match("7-20=", t, {"answer": "-13"}) == 1.0 for t in targets)
-    filler = np.array([len(t) - 3 for t in targets])  # the warm start teaches many lengths, mostly short
-    assert filler.max() >= 6 and 1.2 < filler.mean() < 2.2  # two geometric runs: 2 q / (1 - q) = 1.64 on average
-    assert 0.45 < np.mean([t.startswith("-") for t in targets]) < 0.65  # no space first: 1 - q = 0.55 (greedy's pick)
+    src = s.arms["grpo"].task.sources(0)[0]
+    examples = [src[i] for i in range(300)]
+    targets = [length_bias.written_with_checks(ex, rng) for ex in examples]
+    for ex, t in zip(examples, targets):
+        assert functions.exact_match(ex["prompt"], t, ex) == 1.0 and ex["digits"] == 3
+        assert list(dict.fromkeys(t.split(";"))) == ex["solution"].split(";")  # the steps in order, each repeated
+    steps = np.array([len(t.split(";")) - 1 for t in targets])  # a geometric number of copies per step, mean 1 / 0.7
+    assert steps.min() == 3 and abs(steps.mean() / 3 - 1 / (1 - length_bias.CHECK)) < 0.1 and steps.max() >= 6
     # The per-correctness lengths the trainer logs split the mean length: acc * L_c + (1 - acc) * L_i = L.
     for arm in s.arms:
         for seed in map(str, SEEDS):
