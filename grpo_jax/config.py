@@ -22,6 +22,7 @@ from grpo_jax.data.reasoning import ColumnAdditionConfig  # noqa: F401  (re-expo
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
 from grpo_jax.lora import LoraConfig
+from grpo_jax.metrics import EDGES_RULE, edges_increase
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.registry import Params
 from grpo_jax.rewards.functions import RewardConfig
@@ -197,8 +198,7 @@ class TrainConfig:
             "checkpoint_every": (self.checkpoint_every >= 1, "must be >= 1 (steps between checkpoints)"),
             "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
             "max_skipped_steps": (self.max_skipped_steps >= 1, "must be >= 1"),
-            "length_buckets": (all(a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)),
-                               "must be increasing positive token counts, e.g. (64, 128)"),
+            "length_buckets": (edges_increase(self.length_buckets), EDGES_RULE),
         }, self)
 
 

@@ -10,6 +10,7 @@ counter is never averaged. The reduction is static pytree metadata: metrics cros
 
 import dataclasses
 import functools
+import math
 import typing
 from collections.abc import Mapping, Sequence
 
@@ -111,3 +112,19 @@ def reduce_stacked(stacked: Metrics) -> dict[str, Metric]:
 def finalize(metrics: Metrics) -> dict[str, Float[Array, ""]]:
     """Plain values of every metric (see `Metric.read`)."""
     return {name: m.read() for name, m in metrics.items()}
+
+
+EDGES_RULE = "must be increasing positive token counts, e.g. (32, 64)"
+
+
+def edges_increase(edges: Sequence[int]) -> bool:
+    """Whether `edges` are length-bucket edges (EDGES_RULE): the check of every config field that holds them."""
+    return all(a < b for a, b in zip((0, *edges), edges))
+
+
+def length_buckets(edges: Sequence[int]) -> list[tuple[int, float, str]]:
+    """(lo, hi, name) of the length classes [0, e1), [e1, e2), ..., [ek, inf) of the token counts `edges`,
+    named "LO-HI" ("LO-inf" the last): the one naming of `train.length_buckets` (the train step's ratio
+    metrics) and of a task's example "bucket" (the evaluation's accuracy per class)."""
+    return [(lo, math.inf if hi is None else hi, f"{lo}-{'inf' if hi is None else hi}")
+            for lo, hi in zip((0, *edges), (*edges, None))]

@@ -18,7 +18,7 @@ from grpo_jax.algorithms.kl import KL_ESTIMATORS
 from grpo_jax.algorithms.losses import LossInputs
 from grpo_jax.algorithms.ratio import clamped_exp
 from grpo_jax.algorithms.step_stats import StepStats, needs_step_stats
-from grpo_jax.metrics import Metric
+from grpo_jax.metrics import Metric, length_buckets
 
 if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
@@ -139,9 +139,8 @@ def ratio_by_length(logp, old_logp, mask, edges: tuple[int, ...]) -> dict[str, M
     mean = d.sum(-1) / jnp.maximum(n, 1.0)
     var = (jnp.square(d - mean[:, None]) * mask).sum(-1) / jnp.maximum(n - 1.0, 1.0)
     metrics = {}
-    for lo, hi in zip((0, *edges), (*edges, None)):
-        name = f"{lo}-{hi if hi is not None else 'inf'}"
-        inside = (n >= max(lo, 1)) & (n < hi if hi is not None else True)
+    for lo, hi, name in length_buckets(edges):
+        inside = (n >= max(lo, 1)) & (n < hi)
         metrics[f"ratio/token_log_var@{name}"] = Metric.mean(var, inside & (n >= 2))
         metrics[f"ratio/seq_log_ratio_abs@{name}"] = Metric.mean(jnp.abs(mean), inside)
         metrics[f"length/sequences@{name}"] = Metric.sum(inside)

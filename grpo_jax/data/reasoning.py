@@ -20,6 +20,7 @@ import string
 import numpy as np
 
 from grpo_jax.data.tasks import SPLITS, SYNTHETIC_SIZE, Sources, TaskConfig, _check_split, _draw, register
+from grpo_jax.metrics import EDGES_RULE, edges_increase, length_buckets
 
 LABELS = (string.ascii_lowercase, string.ascii_uppercase)  # column letters of each operand, units first
 
@@ -70,9 +71,8 @@ class ColumnAdditionConfig(TaskConfig):
         if not 1 <= self.min_digits <= self.max_digits:
             raise ValueError(f"ColumnAdditionConfig.min_digits={self.min_digits} must be in [1, max_digits="
                              f"{self.max_digits}]; set min_digits <= max_digits")
-        if not all(a < b for a, b in zip((0, *self.length_buckets), self.length_buckets)):
-            raise ValueError(f"ColumnAdditionConfig.length_buckets={self.length_buckets} must be increasing positive "
-                             "token counts, e.g. (32, 64)")
+        if not edges_increase(self.length_buckets):
+            raise ValueError(f"ColumnAdditionConfig.length_buckets={self.length_buckets} {EDGES_RULE}")
 
     generated = True
 
@@ -87,10 +87,8 @@ class ColumnAdditionConfig(TaskConfig):
 
 
 def bucket(tokens: int, edges: tuple[int, ...]) -> str:
-    """The name "LO-HI" of the bucket of `edges` that holds `tokens` ("LO-inf" past the last edge)."""
-    lo = max((e for e in edges if e <= tokens), default=0)
-    hi = min((e for e in edges if e > tokens), default=None)
-    return f"{lo}-{hi if hi is not None else 'inf'}"
+    """The name "LO-HI" of the length class of `edges` that holds `tokens` (metrics.length_buckets)."""
+    return next(name for lo, hi, name in length_buckets(edges) if lo <= tokens < hi)
 
 
 class ColumnAddition:
