@@ -209,6 +209,31 @@ def test_routes_and_metrics_survive_micro_batches_and_a_mesh(rollouts):
         np.testing.assert_allclose(m[name], value, rtol=1e-5, err_msg=name)
 
 
+def test_compare_routes_under_a_scanned_layer_loop(rollouts):
+    """compare_routes with the layers in one lax.scan (the TPU/GPU default; CPU unrolls): the log-ratio
+    under the router's own picks and under pi_old's recorded routes, as two forwards of each give them."""
+    model = dataclasses.replace(MOE, num_layers=2, mlp_only_layers=(), layer_loop="scan")
+    params = models.init(model, jax.random.key(0))
+    old_params = dict(params, moe=dict(params["moe"], router=params["moe"]["router"]
+                                       + 0.05 * jax.random.normal(jax.random.key(2), params["moe"]["router"].shape)))
+    tokens, positions, segments, mask = rollouts
+    old_logp, routes = ts.old_logprobs(model, 0.7, old_params, tokens, positions, segments, mask)
+    cfg = Config(
+        model=model, sampling=SamplingConfig(max_prompt_len=PROMPT, max_new_tokens=NEW, group_size=4, temperature=0.7),
+        algorithm=algorithms.AlgorithmConfig.from_preset("grpo", beta=0.0, routing_replay="old"),
+        optim=OptimConfig(learning_rate=1e-3), train=TrainConfig(compare_routes=True),
+    )
+    batch = ts.Batch(tokens, positions, segments, mask, old_logp, old_logp, jnp.ones(B, jnp.float32), routes)
+    optimizer, state_sharding, _, step = ts.compiled_train_step(cfg, 10, sharding.make_mesh(MeshConfig(data=-1)))
+    _, m = step(jax.device_put(ts.init_state(jax.tree.map(jnp.copy, params), optimizer), state_sharding), None, batch)
+    m = metrics_lib.finalize(m)
+    for name, given in (("own", None), ("replayed", routes)):
+        logp, _ = ts.old_logprobs(model, 0.7, params, tokens, positions, segments, mask, given)
+        d = np.abs(np.asarray(logp, np.float64) - np.asarray(old_logp, np.float64))
+        np.testing.assert_allclose(m[f"routing/log_ratio_abs_mean_{name}"], (d * mask).sum() / mask.sum(), rtol=1e-4, atol=1e-6)
+    assert m["routing/log_ratio_abs_mean_own"] > m["routing/log_ratio_abs_mean_replayed"] + 1e-4
+
+
 def test_dense_models_reject_routing_replay(tmp_path):
     dense = dataclasses.replace(MOE, model_type="qwen3", num_experts=0, num_experts_per_tok=0, mlp_only_layers=())
     replay = algorithms.AlgorithmConfig.from_preset("grpo", routing_replay="old")
