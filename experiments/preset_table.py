@@ -1,136 +1,108 @@
-"""Every preset on one task and budget: the preset table (issue 15, item 3).
+"""Seed-paper claims that one preset reaches a higher accuracy than another, on long written-out
+completions, under the shared protocol (experiments/protocol.py).
 
-    python experiments/preset_table.py [--quick] [--results-dir DIR] [--seeds 0 1 2] [--arms grpo gspo ...]
+    python experiments/preset_table.py [--quick] [--resume] [--rejudge] [--arms grpo dapo ...]
 
-One arm per preset of `grpo_jax.algorithms.PRESETS`, named after it, each run as registered (its own
-advantage, loss, aggregation, clip range, KL coefficient, dynamic sampling). The shared setting is the
-quickstart's (experiments/configs/quickstart.py): the tiny character-level Qwen3-style policy on
-two-operand arithmetic ("13-7=" -> "6"), exact-match reward, 64 prompts x 8 samples a step, 2
-minibatches (the second update of a rollout batch is off-policy, so ratios and clipping act), Adam
-with a cosine learning rate. Changed from it: 60 steps at learning rate 2e-3 (gspo_vs_grpo's rate: the
-runs are short), max_new_tokens=5 (the longest answer, "-19" and the end token, is 4 tokens: at 4,
-DAPO's overlong shaping would score a correct "-13" as 0; at 5 it penalizes only completions without
-an end token), 256 held-out prompts evaluated every 10 steps, rewards scored in-process. Every seed
-starts every arm from one supervised warm start (experiments/warm_start.py, to 20% greedy held-out
-accuracy), and draws the same prompts.
+The presets differ where completion length matters: DAPO aggregates over tokens (a long completion
+weighs more than a short one), clips higher, shapes overlong rewards and resamples groups without a
+reward signal; GMPO takes the geometric mean of a completion's token ratios; SAPO replaces hard clips
+by a soft gate on each token ratio. So the study runs on gspo_vs_grpo's long task: column addition
+written out column by column (reference completions of 24 to 182 tokens, median 41;
+experiments/configs/long_addition.py), from gspo_vs_grpo's warm start (25% greedy held-out accuracy,
+solving mostly the short problems). 16 prompts x 8 samples a step, 4 minibatches (updates 2-4 of a
+rollout batch are off-policy, so ratios, clips and gates act), 40 steps, held-out greedy accuracy on
+256 prompts every 20 steps, overall and per problem-length bucket.
 
-What a preset needs beyond the shared setting is set here (`special`), and the table's notes say it:
-losses without an importance ratio run one update per rollout batch (train.minibatches=1: the trainer
-refuses an uncorrected off-policy update), and a preset that normalizes each reward component
-(MO-GRPO) gets two components (exact and a small length cost), as with one it would be GRPO without
-KL. An arm that still fails the trainer's checks (made before anything compiles) is not run and gets
-a row saying why.
+Arms: the presets of the claims, each as registered in grpo_jax.algorithms.PRESETS (grpo keeps its KL
+term, beta 0.04), and GSPO-token beside GSPO: the null control, the same objective as gspo at
+sequence-level advantages on its own rollouts, whose paired differences from gspo are every claim's
+noise floor. DAPO's dynamic sampling draws up to 3 rollout batches a step (its tokens are in the
+table; the paper compares per step, and so does this study); its overlong penalty ramps from 160
+tokens (the last 20% of max_new_tokens=199), which only solutions of 14 or more digits reach (the
+warm start solves none of 6 or more).
 
-Measured per preset (mean ± std over seeds): held-out greedy accuracy after the last step; the area
-under the held-out accuracy curve (trapezoid over the evaluations, divided by the steps: the mean
-accuracy over training); the clipped token fraction (clip_frac_low_tokens + clip_frac_high_tokens, a
-clipped sequence counting all its tokens; 0 for losses without hard clips), mean over the run; policy
-entropy over the last 10% of the steps; completion tokens sampled (DAPO's dynamic sampling draws
-more); wall seconds per run (a shared machine).
+Each arm's learning rate is chosen on selection seeds 100 and 101 from 1e-4, 3e-4 and 1e-3 (40 steps
+are short: in long_addition's measurements, of GSPO, 3e-4 raised accuracy fastest and 1e-3 collapsed
+by step 50, so the grid brackets the best rate from both sides); gspo_token takes gspo's.
 
-Claims: where a seed paper says its method beats another on accuracy and both are presets here, the
-ordering is checked (`ORDERINGS`): "reproduced" if the method is ahead of each baseline on both the
-final accuracy and the area in every seed (paired by seed), "partial" if ahead on the mean over seeds
-of both, "not_reproduced" otherwise; "not_run" when an arm was not run. These are toy-scale readings
-(a 2-layer model, 60 steps) of claims made on 1.5B-32B models and math benchmarks.
+Claims (CLAIMS, declared before any run): DAPO and GMPO each above GRPO in held-out accuracy, overall
+and on the long problems (reference completions of 32-64 tokens, mostly 3-5 digits: the longest the
+warm start solves some of), where their length-related changes should act; SAPO above GRPO and above
+GSPO. Cut for the budget: S-GRPO above Dr. GRPO (arXiv 2508.05928, abstract: "outperforms Dr. GRPO by
+2.2-2.5 points"). The two differ only in the advantage's model of flipped rewards, whose purpose
+neither concerns completion length nor is exercised by this task's exact, noiseless reward, and their
+two arms would add 28 runs.
 
-The results of the full study (experiments/results/preset_table) also rewrite the table in
-docs/presets.md, between the grpo_jax.algorithms.presets_doc.STUDY_BEGIN / STUDY_END lines.
+The budget of a full study (about 2 hours here): the selection is 5 arms (all but gspo_token) x 3
+rates x 2 seeds = 30 runs, the evaluation 6 arms x 8 seeds = 48 runs, one warm start per seed (10),
+shared by the arms; hence 40 steps, not gspo_vs_grpo's 100, and the S-GRPO claim cut (with it, 106
+runs). --quick: the 6 arms at their config's rate (1e-4), 2 seeds, 30 steps, 128 held-out prompts.
+
+The committed study's report also rewrites the measured table in docs/presets.md, between the
+grpo_jax.algorithms.presets_doc.STUDY_BEGIN / STUDY_END lines.
 """
 
 import json
 import pathlib
 
 import numpy as np
-from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
+from configs.long_addition import get_config as long_addition_config  # experiments/configs/long_addition.py
 
-from grpo_jax import trainer
-from grpo_jax import train_step as ts
-from grpo_jax.algorithms import PRESETS
 from grpo_jax.algorithms.presets_doc import PATH as PRESETS_DOC
 from grpo_jax.algorithms.presets_doc import with_study_table
-from grpo_jax.config import AlgorithmConfig, override
+from grpo_jax.config import override
 
+import protocol
 import study
-from warm_start import WarmStart
+from gspo_vs_grpo import BUCKETS, LONG, WARM_START, final_accuracy
 
 HERE = pathlib.Path(__file__).parent
 RESULTS = HERE / "results" / "preset_table"  # the committed study: its report rewrites docs/presets.md
-QUICK_ARMS = ("grpo", "dapo", "gmpo", "rloo", "mo_grpo")  # a clipped, a dynamic-sampling, a sequence, a
-# ratio-free and a two-reward preset
-PLOT_ARMS = 7  # presets per curves figure (the colour cycle has 10)
-# (method, baselines, source, what the paper reports): seed-paper claims of a better accuracy
-ORDERINGS = (
-    ("dapo", ("grpo",), "arXiv 2503.14476 (DAPO), Table 1",
-     "AIME 2024 avg@32 of Qwen2.5-32B: naive GRPO 30, DAPO 50"),
-    ("gmpo", ("grpo",), "arXiv 2507.20673 (GMPO), abstract",
-     "GMPO-7B outperforms GRPO by 4.1% on average on mathematical benchmarks"),
-    ("sapo", ("grpo", "gspo"), "arXiv 2511.20347 (SAPO), abstract",
-     "higher Pass@1 than GRPO and GSPO on mathematical reasoning under comparable training budgets"),
-    ("s_grpo", ("dr_grpo",), "arXiv 2508.05928 (S-GRPO), abstract",
-     "outperforms Dr. GRPO by 2.2-2.5 points (Qwen-Math-7B, Llama-3.2-3B, Qwen-Math-1.5B)"),
+NULL = ("gspo", "gspo_token")
+ACCURACY = "held-out greedy accuracy, last 20%"
+
+
+def on_problems(bucket: str) -> str:
+    return f"held-out greedy accuracy on problems of {bucket} tokens, last 20%"
+
+
+LONG_ACCURACY = on_problems(LONG)
+
+
+def long_accuracy(run):
+    return final_accuracy(run, LONG)
+
+
+def accuracy_halves(method: str) -> tuple[protocol.Difference, protocol.Difference]:
+    return (protocol.Difference(ACCURACY, final_accuracy, method, "grpo"),
+            protocol.Difference(LONG_ACCURACY, long_accuracy, method, "grpo"))
+
+
+CLAIMS = (
+    protocol.Claim(
+        "DAPO reaches a higher held-out accuracy than GRPO, on the long problems too",
+        source="arXiv 2503.14476 (DAPO), Table 1 and sec. 3.3",
+        paper="AIME 2024 avg@32 of Qwen2.5-32B: naive GRPO 30, DAPO 50; the token-level loss is there because a "
+              "sample-level loss underweights the tokens of long responses",
+        halves=accuracy_halves("dapo")),
+    protocol.Claim(
+        "GMPO reaches a higher held-out accuracy than GRPO, on the long problems too (the more token ratios a "
+        "completion has, the more outliers the geometric mean damps)",
+        source="arXiv 2507.20673 (GMPO), abstract",
+        paper="GMPO-7B outperforms GRPO by 4.1% on average on mathematical benchmarks; the geometric mean is less "
+              "sensitive to outlier token ratios and keeps them in a more stable range",
+        halves=accuracy_halves("gmpo")),
+    protocol.Claim(
+        "SAPO reaches a higher held-out accuracy than GRPO and than GSPO", source="arXiv 2511.20347 (SAPO), abstract",
+        paper="higher Pass@1 than GRPO and GSPO on mathematical reasoning under comparable training budgets",
+        halves=(protocol.Difference(ACCURACY, final_accuracy, "sapo", "grpo"),
+                protocol.Difference(ACCURACY, final_accuracy, "sapo", "gspo"))),
 )
+ARMS = ("grpo", "dapo", "gmpo", "sapo", *NULL)  # the claims' arms and the null pair
 
 
-def special(preset: str) -> tuple[list[str], str]:
-    """The overrides a preset needs beyond the shared setting, and why (the table's note)."""
-    alg = AlgorithmConfig.from_preset(preset)
-    if not alg.loss.spec.ratio:
-        return ["train.minibatches=1"], (f"train.minibatches=1: its loss ({alg.loss.name}) has no importance ratio, "
-                                         "so one update per rollout batch (the others make 2)")
-    if alg.reward_combine == "normalize_each":
-        return ["reward.names=exact,length", "reward.weights=1,0.1"], (
-            "rewards exact + 0.1 x length (-L/L_max): it normalizes each reward component, and with one "
-            "component it would be grpo without KL")
-    return [], ""
-
-
-def base_config(quick: bool):
-    steps = 30 if quick else 60
-    return override(quickstart_config(), [
-        f"train.steps={steps}", "optim.learning_rate=2e-3", "sampling.max_new_tokens=5", "train.eval_prompts=256",
-        f"train.eval_every={steps // 6}", "train.checkpoint_every=10000", "reward.num_workers=0",
-    ])
-
-
-def arms_and_notes(quick: bool) -> tuple[dict, dict[str, str], dict[str, str]]:
-    """(arm -> Config, arm -> note, preset -> why it was not run)."""
-    base, arms, notes, not_run = base_config(quick), {}, {}, {}
-    for preset in QUICK_ARMS if quick else PRESETS:
-        changes, note = special(preset)
-        try:
-            cfg = override(base, [f"algorithm.preset={preset}", *changes])
-            trainer.check(cfg)
-            ts.check(cfg)
-        except ValueError as e:
-            not_run[preset] = str(e)
-            continue
-        arms[preset] = cfg
-        if note:
-            notes[preset] = note
-    return arms, notes, not_run
-
-
-def get_study(quick: bool) -> study.Study:
-    arms, _, _ = arms_and_notes(quick)
-    names = list(arms)
-    groups = [names[i:i + PLOT_ARMS] for i in range(0, len(names), PLOT_ARMS)]
-    return study.Study(
-        name="preset_table",
-        arms=arms,
-        seeds=(0, 1) if quick else (0, 1, 2),
-        warm_start=WarmStart(accuracy=0.2),
-        derive={"clip_frac_tokens": study.clip_frac_tokens},
-        table=TABLE,
-        plots=tuple(study.Plot(f"curves_{k + 1}", ("eval/accuracy_greedy", "reward/mean", "clip_frac_tokens",
-                                                   "entropy_mean"), x="step", arms=tuple(g))
-                    for k, g in enumerate(groups)),
-        report=report,
-    )
-
-
-def final_accuracy(run):
-    return run.last("eval/accuracy_greedy")
+def claims(results: study.Results) -> list[dict]:
+    return [protocol.judge(c, results, NULL) for c in CLAIMS]
 
 
 def accuracy_area(run):
@@ -140,96 +112,93 @@ def accuracy_area(run):
 
 
 TABLE = {
-    "final held-out accuracy": final_accuracy,
-    "held-out accuracy area": accuracy_area,
+    ACCURACY: final_accuracy,
+    **{on_problems(b): (lambda r, b=b: final_accuracy(r, b)) for b in BUCKETS},
+    "held-out accuracy area (mean over training)": accuracy_area,
     "clipped token fraction": lambda r: r.mean("clip_frac_tokens"),
     "entropy, last 10% of steps": lambda r: r.mean("entropy_mean", 0.9),
-    "tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
-    "wall seconds": lambda r: r.wall_seconds,
+    **{f"completion length, {q} (mean over the run)": (lambda r, q=q: r.mean(f"completion/length_{q}"))
+       for q in ("mean", "p10", "p50", "p90")},
+    "rollout batches drawn per step": lambda r: r.mean("groups/gen_rounds"),
+    "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
+    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 
-def claims(results: study.Results) -> list[dict]:
-    out = []
-    for method, baselines, source, paper in ORDERINGS:
-        claim = f"{method} reaches a higher accuracy than {' and '.join(baselines)}"
-        missing = [a for a in (method, *baselines) if a not in results]
-        if missing:
-            out.append(study.claim(claim, source=source, paper=paper, verdict="not_run",
-                                   measured=f"arm(s) {', '.join(missing)} not in this run"))
-            continue
-        every, mean, parts = [], [], []
-        for base in baselines:
-            for label, fn in (("final accuracy", final_accuracy), ("accuracy area", accuracy_area)):
-                d = results.values(method, fn) - results.values(base, fn)
-                every.append(bool((d > 0).all()))
-                mean.append(bool(d.mean() > 0))
-                parts.append(f"{label} {method} {study.spread(results.values(method, fn))} vs {base} "
-                             f"{study.spread(results.values(base, fn))}, paired difference {study.spread(d)}")
-        out.append(study.claim(
-            claim, source=source, paper=paper, measured="; ".join(parts),
-            verdict="reproduced" if all(every) else "partial" if all(mean) else "not_reproduced",
-            rule="ahead of each baseline on final held-out accuracy and on its area in every seed: reproduced; "
-                 "on the mean over seeds of both: partial; else not_reproduced"))
-    return out
+def get_study(quick: bool) -> study.Study:
+    base = override(long_addition_config(), [
+        f"train.steps={30 if quick else 40}", "train.minibatches=4", f"train.eval_prompts={128 if quick else 256}",
+        f"train.eval_every={10 if quick else 20}", "train.checkpoint_every=20",
+    ])
+    return study.Study(
+        name="preset_table",
+        arms={preset: override(base, [f"algorithm.preset={preset}"]) for preset in ARMS},
+        seeds=(0, 1) if quick else tuple(range(8)),
+        learning_rates=() if quick else (1e-4, 3e-4, 1e-3),
+        null_pair=NULL,
+        warm_start=WARM_START,
+        derive={"clip_frac_tokens": study.clip_frac_tokens},
+        table=TABLE,
+        plots=(study.Plot("curves", ("eval/accuracy_greedy", f"eval/accuracy_greedy@{LONG}", "reward/mean",
+                                     "clip_frac_tokens", "completion/length_mean"), x="step"),),
+        report=report,
+    )
 
 
 def ranking(summary: dict, label: str) -> str:
     order = sorted(summary["table"], key=lambda a: -(summary["table"][a][label]["mean"] or -1))
-    return ", ".join(f"{a} {summary['table'][a][label]['mean']:.3f}" for a in order)
+    return ", ".join(f"{a} {study.number(summary['table'][a][label]['mean'])}" for a in order)
 
 
 def report(results: study.Results, results_dir: pathlib.Path) -> str:
-    """The notes beside the table and a bar chart of final accuracy; for the committed study, the
-    table in docs/presets.md."""
+    """The rankings beside the table and a bar chart of the claims' accuracies; for the committed
+    study, the table in docs/presets.md."""
     summary = json.loads((results_dir / "summary.json").read_text())
-    _, notes, not_run = arms_and_notes(summary["quick"])
-    notes = {a: n for a, n in notes.items() if a in results}
-    not_run = {p: w for p, w in not_run.items() if p not in results}
-    ran_with = [*(f"- `{a}`: {n}" for a, n in notes.items()), *(f"- `{p}`: not run: {w}" for p, w in not_run.items())]
-    lines = ["", *(["Ran with, beyond the shared setting:", "", *ran_with, ""] if ran_with else []),
-             f"By final held-out accuracy: {ranking(summary, 'final held-out accuracy')}.", "",
-             f"By accuracy area: {ranking(summary, 'held-out accuracy area')}.", ""]
-    bar_chart(summary, results_dir / "final_accuracy.png")
+    lines = ["", f"By held-out accuracy: {ranking(summary, ACCURACY)}.", "",
+             f"By held-out accuracy on problems of {LONG} tokens: {ranking(summary, LONG_ACCURACY)}.", ""]
+    bar_chart(results, results_dir / "final_accuracy.png")
     if results_dir.resolve() == RESULTS.resolve():
-        seeds = summary["seeds"]
+        cfg, rates = summary["config"], summary["learning_rate_selection"]
         block = "\n".join([
-            f"Every preset on the quickstart's arithmetic task, {len(seeds)} seeds {seeds}, "
-            f"{summary['config']['train.steps']} steps of {summary['config']['train.prompts_per_step']} prompts x "
-            f"{summary['config']['sampling.group_size']} samples from one warm start "
-            "([experiments/preset_table.py](experiments/preset_table.py); the setting, the claims and the curves: "
-            "[table.md](experiments/results/preset_table/table.md)). Mean ± std over seeds; accuracy is greedy, "
-            "on 256 held-out prompts; the area is the mean held-out accuracy over training.",
+            f"The presets of seed-paper accuracy claims and the null pair on column addition written out, "
+            f"{len(summary['seeds'])} seeds, {cfg['train.steps']} steps of {cfg['train.prompts_per_step']} prompts x "
+            f"{cfg['sampling.group_size']} samples from one warm start per seed "
+            "([experiments/preset_table.py](experiments/preset_table.py); the claims with their verdicts, the setting "
+            "and the curves: [table.md](experiments/results/preset_table/table.md)). Mean ± std over seeds; accuracy "
+            f"is greedy, on {cfg['train.eval_prompts']} held-out prompts"
+            + (", each arm at its chosen learning rate (" + ", ".join(f"{a} {s['chosen']:g}" for a, s in rates.items())
+               + ")." if rates else "."),
             "",
             *study.table_rows(summary),
-            *(f"| {p} | not run: {w} |" + " |" * (len(TABLE) - 1) for p, w in not_run.items()),
             *lines,
         ])
         PRESETS_DOC.write_text(with_study_table(PRESETS_DOC.read_text(), block.replace("](experiments/", "](../experiments/")))
     return "\n".join(lines)
 
 
-def bar_chart(summary: dict, path: pathlib.Path) -> None:
+def bar_chart(results: study.Results, path: pathlib.Path) -> None:
+    """Per arm, the claims' two accuracies: mean ± std bars, seeds as dots, the warm start's as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = summary["table"]
-    arms = sorted(table, key=lambda a: table[a]["final held-out accuracy"]["mean"] or 0)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 0.28 * len(arms) + 1.2), sharey=True)
-    for ax, label in zip(axes, ("final held-out accuracy", "held-out accuracy area")):
-        cells = [table[a][label] for a in arms]
-        ax.barh(range(len(arms)), [c["mean"] or 0 for c in cells], xerr=[c["std"] for c in cells], color="C0",
-                alpha=0.7)
-        for i, c in enumerate(cells):
-            ax.plot(c["per_seed"], [i] * len(c["per_seed"]), "k.", ms=3)
-        warm = np.mean([c["warm_start_accuracy"] for c in summary["collapse"][arms[0]].values()])
-        ax.axvline(warm, color="gray", ls="--", lw=1, label=f"warm start {warm:.3f}")
+    arms = sorted(results, key=lambda a: np.nanmean(results.values(a, final_accuracy)))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.35 * len(arms) + 1.4), sharey=True)
+    for ax, (label, bucket) in zip(axes, ((ACCURACY, ""), (LONG_ACCURACY, LONG))):
+        key = "eval/accuracy_greedy" + (f"@{bucket}" if bucket else "")
+        values = [results.values(a, lambda r: final_accuracy(r, bucket)) for a in arms]
+        ax.barh(range(len(arms)), [v.mean() for v in values], xerr=[v.std(ddof=1) if v.size > 1 else 0 for v in values],
+                color="C0", alpha=0.7)
+        for i, v in enumerate(values):
+            ax.plot(v, [i] * len(v), "k.", ms=3)
+        warm = [r.rows[0][key] for a in arms for r in results[a] if key in r.rows[0]]  # step 0: the warm start's
+        if warm:  # (a bucket without held-out prompts has no accuracy)
+            ax.axvline(np.mean(warm), color="gray", ls="--", lw=1, label=f"warm start {np.mean(warm):.3f}")
+            ax.legend(fontsize=7)
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(fontsize=7)
-    axes[0].set_yticks(range(len(arms)), arms, fontsize=7)
+    axes[0].set_yticks(range(len(arms)), arms, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -223,44 +223,43 @@ def test_length_bias(tmp_path):
 
 
 def test_preset_table(tmp_path, monkeypatch):
-    from grpo_jax.algorithms import PRESETS
     from grpo_jax.algorithms.presets_doc import study_table
 
-    # The full study: every preset, each as registered plus only what `special` adds, and said.
-    arms, notes, not_run = preset_table.arms_and_notes(quick=False)
-    assert list(arms) == list(PRESETS) and not not_run
-    assert all(cfg.algorithm == AlgorithmConfig.from_preset(name) for name, cfg in arms.items())
-    assert {a for a, c in arms.items() if c.train.minibatches == 1} == {"gpg", "opo", "rloo", "gtpo"} == {
-        a for a in notes if "minibatches=1" in notes[a]}  # the ratio-free losses: one update per rollout batch
-    assert arms["mo_grpo"].reward.names == ("exact", "length") and arms["grpo"].reward.names == ("exact",)
-    assert arms["grpo"].sampling.max_new_tokens == 5  # room past "-19" + eos: DAPO shapes only truncation
-    # An arm the trainer's checks refuse is not run, with the reason.
-    special = preset_table.special
-    monkeypatch.setattr(preset_table, "special", lambda p: (["train.minibatches=3"], "") if p == "gspo" else special(p))
-    _, _, refused = preset_table.arms_and_notes(quick=False)
-    assert list(refused) == ["gspo"] and "does not split into train.minibatches=3" in refused["gspo"]
-    monkeypatch.undo()
+    # The full study under the protocol: the claims' arms and the null pair, each preset as registered,
+    # on gspo_vs_grpo's long task and warm start; 8 seeds, 3 rates.
+    full = preset_table.get_study(quick=False)
+    claimed = {a for c in preset_table.CLAIMS for h in c.halves for a in h.arms}
+    assert set(full.arms) == claimed | {"gspo_token"} and full.null_pair == ("gspo", "gspo_token")
+    assert full.protocol_errors() == [] and len(full.seeds) == 8 and len(full.learning_rates) == 3
+    assert all(cfg.algorithm == AlgorithmConfig.from_preset(name) for name, cfg in full.arms.items())
+    long_task = gspo_vs_grpo.get_study(quick=False).arms["gspo"]
+    assert {(c.task, c.sampling.max_new_tokens, c.train.minibatches) for c in full.arms.values()} == {
+        (long_task.task, long_task.sampling.max_new_tokens, 4)}
+    assert full.warm_start == gspo_vs_grpo.WARM_START
+    assert [c.source.split(" (")[0] for c in preset_table.CLAIMS] == ["arXiv 2503.14476", "arXiv 2507.20673",
+                                                                       "arXiv 2511.20347"]
 
-    # Two arms through the study, as the committed one (whose report rewrites docs/presets.md).
-    for name in ("PRESETS_DOC",):
-        copy = tmp_path / f"{name}.md"
-        copy.write_text(getattr(preset_table, name).read_text())
-        monkeypatch.setattr(preset_table, name, copy)
+    # Four arms through the harness, as the committed study (whose report rewrites docs/presets.md).
+    docs = tmp_path / "presets.md"
+    docs.write_text(preset_table.PRESETS_DOC.read_text())
+    monkeypatch.setattr(preset_table, "PRESETS_DOC", docs)
     monkeypatch.setattr(preset_table, "RESULTS", tmp_path / "results")
-    s = tiny(preset_table.get_study(quick=True).only(["grpo", "gmpo"]))
-    summary = study.run(s, preset_table.claims, tmp_path / "results", tmp_path / "runs")
+    s, summary = run_tiny(preset_table, tmp_path, arms=("grpo", "gmpo", "gspo", "gspo_token"))
     check_outputs(s, summary, tmp_path, preset_table.claims)
+    # The claims are the protocol's, as declared: GMPO's judged with the null pair's floor, the others not run.
+    assert [(c["claim"], c["rule"]) for c in summary["claims"]] == [(c.claim, c.rule()) for c in preset_table.CLAIMS]
+    assert [c["verdict"] for c in summary["claims"]][::2] == ["not_run", "not_run"]
+    gmpo = summary["claims"][1]
+    assert [h["half"] for h in gmpo["halves"]] == [h.describe() for h in preset_table.CLAIMS[1].halves]
+    assert gmpo["verdict"] in study.VERDICTS[:3] and gmpo["halves"][0]["noise_floor"] is not None
     # The area under held-out accuracy is the trapezoid over the evaluations, over the steps.
     rows = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]["grpo"]["0"]["rows"]
     curve = np.array([(r["step"], r["eval/accuracy_greedy"]) for r in rows if "eval/accuracy_greedy" in r])
     area = np.trapezoid(curve[:, 1], curve[:, 0]) / STEPS
-    assert summary["table"]["grpo"]["held-out accuracy area"]["mean"] == pytest.approx(area, abs=1e-4)
-    verdicts = {c["claim"].split()[0]: c["verdict"] for c in summary["claims"]}
-    assert verdicts["s_grpo"] == "not_run" and verdicts["gmpo"] in ("reproduced", "partial", "not_reproduced")
+    assert summary["table"]["grpo"]["held-out accuracy area (mean over training)"]["mean"] == pytest.approx(area, abs=1e-4)
     assert (tmp_path / "results" / "final_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("PRESETS_DOC",):
-        block = study_table(getattr(preset_table, name).read_text())
-        assert all(f" {arm} |" in block for arm in s.arms) and "By final held-out accuracy: " in block
+    block = study_table(docs.read_text())
+    assert all(f" {arm} |" in block for arm in s.arms) and "By held-out accuracy: " in block
 
 
 def test_preset_table_tables_in_the_docs():
