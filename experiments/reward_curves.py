@@ -9,6 +9,9 @@ dependency of jax).
   damped oscillation (zeta < 1). Its slowest decay rate, omega (zeta - sqrt(zeta^2 - 1)) or zeta omega,
   is comparable to the single exponential's rate; as zeta -> infinity at fixed rate it becomes the
   single exponential.
+
+The damped law nests the single exponential, so it never fits worse: which law a curve follows is asked of
+the BIC, whose penalty (log n per parameter) the damped law's extra parameter must earn.
 """
 
 import dataclasses
@@ -40,14 +43,9 @@ class Fit:
     law: str  # "single_exponential" | "damped"
     params: dict
     rate: float  # the slowest decay rate, per unit of t
-    rms: float  # root mean square residual
     r2: float  # 1 - residual / total sum of squares
     bic: float  # n log(rss / n) + k log n: lower is better, k the number of parameters
-    residuals: np.ndarray
-
-    def summary(self) -> dict:
-        return {"law": self.law, **{k: float(v) for k, v in self.params.items()}, "rate": self.rate,
-                "rms": self.rms, "r2": self.r2, "bic": self.bic}
+    residuals: np.ndarray  # fitted minus observed
 
 
 LAWS = {  # name -> (function, parameter names)
@@ -84,8 +82,8 @@ def fit(law: str, t, y, polish: int = 3) -> Fit:
     rss, n, k = float(resid @ resid), len(y), len(names)
     tss = float(((y - y.mean()) ** 2).sum())
     rate = params["rate"] if law == "single_exponential" else damped_rate(params["omega"], params["zeta"])
-    return Fit(law, params, float(rate), float(np.sqrt(rss / n)), 1 - rss / tss if tss > 0 else float("nan"),
-               n * np.log(max(rss, 1e-300) / n) + k * np.log(n), resid)
+    return Fit(law, params, float(rate), 1 - rss / tss if tss > 0 else float("nan"),
+               float(n * np.log(max(rss, 1e-300) / n) + k * np.log(n)), resid)
 
 
 def power_law(x, y) -> tuple[float, float]:

@@ -24,11 +24,13 @@ From a symmetric start (all correct answers alike, all wrong ones alike) the dyn
 coordinate, the logit gap u = theta_correct - theta_wrong, with p = P(correct) = sigmoid(u + log(C / (K - C))):
 the mean-field reduction of the inertial model is exact here. With beta > 0 the drift has a fixed point
 p* < 1 and a stiffness kappa (the drift's slope there, measured from `expected_grad`), and the linear
-theory of the optimizers around it is classical: SGD with heavy-ball momentum mu has the characteristic
-polynomial z^2 - (1 + mu - lr kappa) z + mu (oscillatory once lr kappa > (1 - sqrt(mu))^2, unstable past
-2 (1 + mu)); Adam near the fixed point is heavy ball with mu = b1 and the learning rate lr (1 - b1) / sqrt(v)
-of its second-moment state; `updates_per_batch` > 1 steps from a stale theta_old (the refresh interval
-of the inertial model) compose to a map per rollout batch, `batch_multiplier`.
+theory of the optimizers around it is classical (Polyak 1964): SGD with heavy-ball momentum mu has the
+characteristic polynomial z^2 - (1 + mu - lr kappa) z + mu (oscillatory once lr kappa > (1 - sqrt(mu))^2,
+`oscillation_onset`; unstable past 2 (1 + mu)); Adam near the fixed point is heavy ball with mu = b1 and the
+learning rate lr (1 - b1) / sqrt(v) of its second-moment state (`adam_lr`); `updates_per_batch` > 1 steps
+from a stale theta_old (the refresh interval of the inertial model) compose to a map per rollout batch,
+`batch_multiplier`, whose gains through the current and the stale policy (`gains`) differ: the stiffness
+kappa = -(a + b) alone does not set its threshold.
 """
 
 import dataclasses
@@ -275,20 +277,9 @@ def sgd_stationary_variance(bandit: Bandit, alg: Grpo, lr: float, groups: int) -
     return (p * (1 - p)) ** 2 * lr ** 2 * drift_noise(p, bandit, alg) / (groups * gain * (2 - gain))
 
 
-def heavy_ball_roots(gain: float, momentum: float) -> np.ndarray:
-    """Roots of z^2 - (1 + mu - gain) z + mu: the per-update multipliers of u - u* under heavy ball
-    (gain = effective lr x kappa)."""
-    return np.roots([1.0, -(1 + momentum - gain), momentum])
-
-
 def oscillation_onset(momentum: float) -> float:
     """The gain at which heavy ball turns oscillatory (complex roots): (1 - sqrt(mu))^2."""
     return (1 - math.sqrt(momentum)) ** 2
-
-
-def stability_limit(momentum: float) -> float:
-    """The gain past which heavy ball diverges: 2 (1 + mu)."""
-    return 2 * (1 + momentum)
 
 
 def batch_multiplier(lr: float, a: float, b: float, n: int) -> float:
