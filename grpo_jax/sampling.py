@@ -28,10 +28,13 @@ from grpo_jax.config import ModelConfig, SamplingConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prompts:
-    """Left-padded prompt token ids: row p holds its `lengths[p]` tokens at the end of the row."""
+    """Left-padded prompt token ids: row p holds its `lengths[p]` tokens at the end of the row; with
+    `temperatures`, prompt p's samples are drawn (and their log-probs reported) at temperatures[p]
+    instead of `SamplingConfig.temperature` (a prompt sampler's choice: `data.samplers.Choice`)."""
 
     tokens: Int[Array, "prompt prompt_len"]
     lengths: Int[Array, "prompt"]
+    temperatures: Float[Array, "prompt"] | None = None
 
 
 @typing.no_type_check  # built by pytree unflattening with any leaves: fields are not checked
@@ -103,10 +106,12 @@ def truncate(
 
 
 def sample(
-    logits: Float[Array, "batch vocab"], keys: Key[Array, "batch"], sampling_cfg: SamplingConfig
+    logits: Float[Array, "batch vocab"], keys: Key[Array, "batch"], sampling_cfg: SamplingConfig,
+    temperatures: Float[Array, "batch"] | None = None,
 ) -> tuple[Int[Array, "batch"], Float[Array, "batch"]]:
-    """Draws one token per row with its own key; returns it with its tempered full-distribution log-prob."""
-    tempered = logits.astype(jnp.float32) / sampling_cfg.temperature
+    """Draws one token per row with its own key; returns it with its tempered full-distribution log-prob.
+    `temperatures`: each row's, instead of `sampling_cfg.temperature`."""
+    tempered = logits.astype(jnp.float32) / (sampling_cfg.temperature if temperatures is None else temperatures[:, None])
     top = jnp.max(tempered, axis=-1, keepdims=True)
     if sampling_cfg.greedy:
         tokens = _argmax(tempered)
@@ -307,11 +312,13 @@ def rollout(
         prefix_of = jnp.asarray(row // g - prefixes[:, :1])  # [lanes, rows per lane]
         prompt_len = on_lanes(jnp.take_along_axis(lane_lengths.reshape(d, -1), prefix_of, axis=1))
         keys = on_lanes(row_keys(rng, num_prompts, g).reshape(d, per))
+        temps = None if prompts.temperatures is None else on_lanes(jnp.repeat(prompts.temperatures, g).reshape(d, per))
         logits = first_logits.reshape(d, -1, first_logits.shape[-1])[jnp.arange(d)[:, None], prefix_of]
         logits = logits.reshape(n, -1)
         if processor is not None:
             logits = processor(logits, jnp.arange(n), jnp.zeros(n, jnp.int32))
-        first, logprob = sample(logits, jax.vmap(jax.random.fold_in, (0, None))(keys.ravel(), 0), sampling_cfg)
+        first, logprob = sample(logits, jax.vmap(jax.random.fold_in, (0, None))(keys.ravel(), 0), sampling_cfg,
+                                None if temps is None else temps.ravel())
         first, logprob = on_lanes((first.reshape(d, per), logprob.reshape(d, per)))
         stopped = jnp.isin(first, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros((d, per), bool)
         queue = jnp.argsort(stopped, axis=1, stable=True)  # the rows that go on, in order
@@ -348,7 +355,8 @@ def rollout(
             if processor is not None:
                 logits = processor(logits, (lane_of * per + at).ravel(), emitted.ravel())
             step_keys = jax.vmap(jax.random.fold_in)(keys[lane_of, at].ravel(), emitted.ravel())
-            token, logprob = (a.reshape(d, lane_slots) for a in sample(logits, step_keys, sampling_cfg))
+            row_temps = None if temps is None else temps[lane_of, at].ravel()
+            token, logprob = (a.reshape(d, lane_slots) for a in sample(logits, step_keys, sampling_cfg, row_temps))
             stop = live & jnp.isin(token, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(live)
             put = jax.vmap(lambda a, r, i, x: a.at[r, i].set(x, mode="drop"))  # idle slots (row `per`) write nothing
             out = dict(out, tokens=put(out["tokens"], rows, emitted, token), logprobs=put(out["logprobs"], rows, emitted, logprob))

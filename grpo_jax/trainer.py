@@ -3,9 +3,11 @@
 Everything that touches files, clocks or Python objects lives here; the math lives in the jitted
 pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 
-1. draw prompt batches (`data.batches`, indexed by a resumable position) and sample G completions
-   each; with DAPO dynamic sampling, drop groups whose rewards are all equal and draw again until
-   `train.prompts_per_step` groups are kept or `algorithm.max_gen_batches` rounds are spent (a short
+1. draw a round of prompts from `algorithm.sampler` (`data.samplers`: the uniform shuffle of
+   `data.batches`, or a sampler with per-prompt state, updated from each round's results and saved in
+   the checkpoint) and sample G completions per slot (a prompt given several slots is one group);
+   with DAPO dynamic sampling, drop groups whose rewards are all equal and draw again until
+   `train.prompts_per_step` slots are kept or `algorithm.max_gen_batches` rounds are spent (a short
    batch is padded with masked rows, so shapes and compilations never change);
 2. score on the host (`rewards.score`), add DAPO overlong shaping, mask truncated completions,
    compute advantages on the kept groups, and assemble the batch on device (under `train.packing` also
@@ -46,6 +48,7 @@ from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, pac
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
+from grpo_jax.data import samplers
 from grpo_jax.rewards import scoring
 
 
@@ -343,8 +346,13 @@ class Trainer:
         if not cfg.lora.rank:  # beta = 0: no reference params exist at all. A copy, as the train state is donated.
             self.ref_params = jax.device_put(jax.tree.map(jnp.copy, params), ref_sharding) if alg.beta > 0 else None
         self.rng = jax.random.key(cfg.train.seed if cfg.train.rollout_seed is None else cfg.train.rollout_seed)
-        self.prompt_batches = data.batches(self.task.train, batch_size=tr.prompts_per_step, seed=tr.seed)
-        self.position = 0  # prompt batches consumed
+        self.sampler = alg.sampler
+        if self.sampler.spec.needs_correctness and not any(r.correctness for r in self.task.rewards):
+            raise ValueError(f"algorithm.sampler={self.sampler.name!r} learns from each prompt's correctness, but none of "
+                             f"reward.names={cfg.reward.names} is a correctness reward: add one (e.g. 'exact'), or use "
+                             "algorithm.sampler='uniform'")
+        self.sampler_state = samplers.check_state(self.sampler, self.sampler.init(len(self.task.train)))
+        self.position = 0  # prompt rounds drawn
         self.step = 0
         # TrainState.step (the applied optimizer updates, which set the learning rate), counted on the host
         # so that the updates of a step are dispatched back to back: advanced from the step's metrics, read
@@ -370,9 +378,10 @@ class Trainer:
         texts = [data.render(self.cfg.template, examples[i], chat) for i in range(len(examples))]
         return texts, sampling.pad_prompts([tok.encode(t) for t in texts], self.cfg.sampling)
 
-    def sample(self, examples: data.Source, rng, sampling_cfg) -> dict:
+    def sample(self, examples: data.Source, rng, sampling_cfg, temperatures: np.ndarray | None = None) -> dict:
         """Generates `sampling_cfg.group_size` completions per example of a global prompt batch
-        (`examples`: random access, every process the same). Rows are global: row p*G + g is sample g of
+        (`examples`: random access, every process the same; `temperatures`: one per example, instead of
+        `sampling_cfg.temperature`). Rows are global: row p*G + g is sample g of
         prompt p, its key derived from (p, g), so nothing depends on the number of processes. This
         process reads, renders, decodes and scores only its own rows (`sharding.process_rows`: those its
         devices hold); the rewards, lengths and finish reasons of every row come back to every process
@@ -383,6 +392,8 @@ class Trainer:
         prompt_ids = np.unique(rows // g)
         mine = [examples[int(p)] for p in prompt_ids]
         texts, prompts = self._prompts(mine)
+        if temperatures is not None:
+            prompts = dataclasses.replace(prompts, temperatures=jnp.asarray(temperatures[prompt_ids], jnp.float32))
         stop_ids = sampling.check_prompts(self.cfg.model, prompts, sampling_cfg)
         of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
         row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.mesh, n)
@@ -412,6 +423,13 @@ class Trainer:
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
 
+    def draw(self) -> samplers.Draw:
+        """What the sampler knows of the next round: seeded by train.seed (not rollout_seed: the data order
+        is the run's) and the rounds drawn before."""
+        tr = self.cfg.train
+        return samplers.Draw(len(self.task.train), tr.prompts_per_step, self.cfg.sampling.group_size, tr.seed,
+                             self.position, self.cfg.sampling.temperature)
+
     def rollout_batch(self, rng) -> tuple[list[ts.Batch], dict]:
         """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled);
         returns its `train.minibatches` minibatches (global arrays, without l^old) and the metrics.
@@ -428,7 +446,12 @@ class Trainer:
         kept, rounds, drawn, sample_time = [], 0, [], 0.0
         while True:
             t0 = time.perf_counter()
-            s = self.sample(self.prompt_batches[self.position], jax.random.fold_in(rng, rounds), cfg.sampling)
+            draw = self.draw()
+            choice = samplers.checked(self.sampler, self.sampler.choose(self.sampler_state, draw), draw)
+            slots = choice.samples // g
+            group = np.repeat(np.arange(len(choice.indices)), slots)  # slot -> its prompt's group
+            s = self.sample(samplers.Picked(self.task.train, np.repeat(choice.indices, slots)), jax.random.fold_in(rng, rounds),
+                            cfg.sampling, None if choice.temperatures is None else np.repeat(choice.temperatures, slots))
             sample_time += time.perf_counter() - t0
             self.position += 1
             rounds += 1
@@ -437,11 +460,22 @@ class Trainer:
                 pen = np.asarray(algorithms.overlong_penalty(alg, s["lengths"], cfg.sampling.max_new_tokens))
                 scores = np.concatenate([scores, pen[:, None]], axis=1)
             signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
-            s["informative"] = np.ptp(signal.reshape(-1, g), axis=1) > 0
+            k, rows = len(choice.indices), np.repeat(group, g)
+            low, high, usable = np.full(k, np.inf, signal.dtype), np.full(k, -np.inf, signal.dtype), np.ones(k, bool)
+            np.minimum.at(low, rows, signal)
+            np.maximum.at(high, rows, signal)
+            np.logical_and.at(usable, group, s["usable"])  # reward failures: rewards.usable_groups
+            s["informative"], s["usable"] = (high > low)[group], usable[group]  # per slot, of its prompt's group
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
-            keep &= s["usable"]  # reward failures: rewards.usable_groups
-            kept += [(len(drawn), i, scores[i * g:(i + 1) * g]) for i in np.flatnonzero(keep)]
+            keep &= s["usable"]
+            kept += [(len(drawn), i, scores[i * g:(i + 1) * g], group[i]) for i in np.flatnonzero(keep)]
             drawn.append(s)
+            if self.sampler.spec.needs_correctness:
+                counted = np.repeat(s["usable"], g)
+                self.sampler_state = samplers.check_state(self.sampler, self.sampler.update(
+                    self.sampler_state, samplers.Results(
+                        choice.indices, np.bincount(rows, counted, k).astype(np.int64),
+                        np.bincount(rows, counted & s["correct"], k).astype(np.int64))))
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
@@ -464,22 +498,23 @@ class Trainer:
         """Where each row of the rollout batch comes from (its index among the drawn rounds' rows, -1
         for the masked rows that pad a short batch), its advantage, its counted tokens (the completion
         length, 0 for a truncated one under `algorithm.mask_truncated`) and its prompt length. Host numpy,
-        the same on every process."""
+        the same on every process. Kept slots of one prompt of one round form one group."""
         alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
         source = np.full(self.rows, -1, np.int32)
         advantages = np.zeros(self.rows, np.float32)
         mask_lengths = np.zeros(self.rows, np.int32)
         prompt_lengths = np.ones(self.rows, np.int32)
-        for j, (r, i, _) in enumerate(kept):
+        for j, (r, i, _, _) in enumerate(kept):
             s, rows = drawn[r], slice(i * g, (i + 1) * g)
             source[j * g:(j + 1) * g] = r * len(s["lengths"]) + np.arange(i * g, (i + 1) * g)
             mask_lengths[j * g:(j + 1) * g] = np.where(alg.mask_truncated & s["truncated"][rows], 0, s["lengths"][rows])
             prompt_lengths[j * g:(j + 1) * g] = s["prompt_lengths"][rows]
         n = len(kept) * g
         if n:
+            groups = np.unique([(r, k) for r, _, _, k in kept], axis=0, return_inverse=True)[1].reshape(-1)
             advantages[:n] = np.asarray(algorithms.compute_advantages(
-                alg, np.concatenate([sc for _, _, sc in kept]), group_size=g, lengths=mask_lengths[:n],
-                reward_weights=weights))
+                alg, np.concatenate([sc for _, _, sc, _ in kept]), group_ids=np.repeat(groups, g),
+                lengths=mask_lengths[:n], reward_weights=weights))
         return source, advantages, mask_lengths, prompt_lengths
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
@@ -537,7 +572,7 @@ class Trainer:
         JSON-ready dict each (process 0 writes them: on several processes, its share of the rows)."""
         g, names = self.cfg.sampling.group_size, self.cfg.reward.names
         out = []
-        for j, (r, i, _) in enumerate(self.last_rollout["kept"]):
+        for j, (r, i, _, _) in enumerate(self.last_rollout["kept"]):
             s = self.last_rollout["drawn"][r]
             for row in range(i * g, (i + 1) * g):
                 k = np.searchsorted(s["rows"], row)
@@ -632,6 +667,8 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
+        if self.sampler_state:  # replicated: every process holds the same
+            state["sampler"] = {k: jax.device_put(v, NamedSharding(self.mesh, P())) for k, v in self.sampler_state.items()}
         if self.ref_params is not None and not self.cfg.lora.rank:  # a LoRA base is not saved: it is model_path
             state["ref"] = self.ref_params
         return state
@@ -655,5 +692,6 @@ class Trainer:
         state, meta = ckpt.restore(self.checkpoint_state(), step)
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
         self.ref_params = state.get("ref", self.ref_params)
+        self.sampler_state = {k: sharding.gather(v) for k, v in state.get("sampler", {}).items()}
         self.step, self.position = meta["step"], meta["data_position"]
         self.optimizer_step = int(self.state.step)  # the one read of it

@@ -14,7 +14,7 @@ import fault_rewards
 from grpo_jax import algorithms, checkpoint, data, evaluation, models, run, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig, flatten
-from grpo_jax.data import CharTokenizer
+from grpo_jax.data import CharTokenizer, samplers
 from grpo_jax.logging import read_events
 from grpo_jax.metrics import Metric
 from grpo_jax.rewards import Reward
@@ -301,7 +301,8 @@ def test_a_nonfinite_reward_drops_its_group_and_learning_goes_on(on_failure, tmp
     cfg = dataclasses.replace(config(tmp_path), reward=RewardConfig(
         names=("length", "nan_for_odd"), weights=(0.5, 1.0), num_workers=1, on_failure=on_failure))
     t = trainer.Trainer(cfg, rewards={"nan_for_odd": fault_rewards.nan_for_odd_answers})  # a reward passed in code
-    assert [int(ex["answer"]) % 2 for ex in t.prompt_batches[0]] == [0, 1]  # seed 0: the second is odd
+    first = data.batches(t.task.train, batch_size=2, seed=0)[0]  # the uniform sampler's first round
+    assert [int(first[i]["answer"]) % 2 for i in range(2)] == [0, 1]  # seed 0: the second is odd
     batches, metrics = t.rollout_batch(jax.random.key(0))
     mask, advantages = (np.concatenate([np.asarray(getattr(b, f)) for b in batches]) for f in ("mask", "advantages"))
     assert metrics["reward/nan_for_odd_answers/nonfinites"] == 4
@@ -569,7 +570,8 @@ def test_rollout_seed_changes_the_samples_only(tmp_path):
     base, other = (trainer.Trainer(config(tmp_path / str(r), rollout_seed=r)) for r in (None, 7))
     assert np.array_equal(jax.random.key_data(base.rng), jax.random.key_data(jax.random.key(0)))
     assert np.array_equal(jax.random.key_data(other.rng), jax.random.key_data(jax.random.key(7)))
-    assert [ex["prompt"] for ex in base.prompt_batches[0]] == [ex["prompt"] for ex in other.prompt_batches[0]]
+    first = [samplers.Picked(t.task.train, t.sampler.choose(t.sampler_state, t.draw()).indices) for t in (base, other)]
+    assert [ex["prompt"] for ex in first[0]] == [ex["prompt"] for ex in first[1]]
     assert [ex["prompt"] for ex in base.task.held_out] == [ex["prompt"] for ex in other.task.held_out]
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), base.state.params, other.state.params))
     with pytest.raises(ValueError, match="rollout_seed=-1 must be None or in"):

@@ -17,11 +17,12 @@ from grpo_jax.algorithms.aggregation import AggregationParams
 from grpo_jax.algorithms.correction import TIS_LEVELS, TIS_MODES
 from grpo_jax.algorithms.kl import KL_ESTIMATORS
 from grpo_jax.algorithms.losses import LOSSES, LossParams, PpoClip
+from grpo_jax.data.samplers import SamplerParams
 from grpo_jax.registry import Registry
 
 REWARD_COMBINES = ("sum_then_normalize", "normalize_each", "normalize_then_sum")
 ROUTING_REPLAY = ("none", "old", "sampler")
-PARTS = {"advantage": AdvantageParams, "loss": LossParams, "aggregation": AggregationParams}
+PARTS = {"advantage": AdvantageParams, "loss": LossParams, "aggregation": AggregationParams, "sampler": SamplerParams}
 
 
 def _one_of(field, value, known):
@@ -54,6 +55,9 @@ class AlgorithmConfig:
     tis_cap: float = 2.0  # C
     off_policy_threshold: float | None = None  # DeepSeek-V3.2: drop A < 0 completions with mean |d| above it
     # data side (read by the trainer)
+    # Which prompts each rollout round draws and how many samples each gets, from per-prompt state
+    # (grpo_jax.data.samplers); "uniform": a shuffle, every example once per epoch.
+    sampler: SamplerParams | str = "uniform"
     num_iterations: int = 1  # mu: passes over one rollout batch
     dynamic_sampling: bool = False  # DAPO: drop groups all correct or all wrong, resample
     max_gen_batches: int = 1  # generation rounds per step when dynamic_sampling
@@ -114,6 +118,12 @@ class AlgorithmConfig:
                 f"AlgorithmConfig: loss={loss!r} has no importance ratio, so its one update per rollout batch "
                 "runs at the params that computed l^old and routing_replay='old' replays the routes the router "
                 "picks anyway; use routing_replay='none' (or 'sampler' to train on the sampler's routes)."
+            )
+        if self.sampler.spec.allocates and spec.needs_groups:
+            raise ValueError(
+                f"AlgorithmConfig: sampler={self.sampler.name!r} may give a prompt several slots of group_size "
+                f"samples (one group), but loss={loss!r} reads groups of group_size consecutive rows; use a loss "
+                "without group statistics, or a sampler that gives every prompt group_size samples."
             )
         if not spec.ratio and self.num_iterations > 1:
             raise ValueError(
@@ -201,3 +211,6 @@ preset("egsw", "EGSW 2503.22456", **_BASE, loss="egsw")
 preset("gvpo", "GVPO 2504.19599", **_BASE, advantage="group_mean", loss="gvpo", aggregation="seq_mean")
 preset("disco", "DisCO 2505.12366", **_BASE, loss="disco", aggregation="seq_mean")
 preset("gtpo", "GTPO 2508.03772", **_BASE, loss="gtpo")
+preset("vade", "VADE 2511.18902", **_BASE, sampler="vade")
+preset("curriculum", "prime-rl difficulty pools", **_BASE, sampler="curriculum")
+preset("erpo", "ERPO 2511.04800", **_BASE, sampler="erpo", tis_level="token")

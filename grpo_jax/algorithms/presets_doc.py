@@ -13,7 +13,7 @@ import pathlib
 from grpo_jax.algorithms.config import PARTS, PRESETS, AlgorithmConfig
 from grpo_jax.algorithms.losses import LOSSES
 
-COLUMNS = (*PARTS, "beta")
+COLUMNS = ("advantage", "loss", "aggregation", "beta")  # a sampler other than uniform shows among the other fields
 PATH = pathlib.Path(__file__).parents[2] / "docs" / "presets.md"
 STUDY_BEGIN = "<!-- preset_table: begin (written by experiments/preset_table.py; do not edit by hand) -->"
 STUDY_END = "<!-- preset_table: end -->"
@@ -46,14 +46,14 @@ def _defaults(params: type) -> str:
 
 
 def parts_markdown() -> list[str]:
-    """Every registered part (advantage, loss, aggregation) with its parameters and their defaults."""
+    """Every registered part (advantage, loss, aggregation, sampler) with its parameters and their defaults."""
     lines = ["## Every part and its parameters", "",
-             "Every registered estimator, loss and aggregation, with its parameters (`--set algorithm.<part>.<field>=`)",
+             "Every registered estimator, loss, aggregation and prompt sampler, with its parameters (`--set algorithm.<part>.<field>=`)",
              "and their defaults; a variant registered by a fork's file appears here too.", ""]
     for part, base in PARTS.items():
         lines += [f"| {part} | parameters (defaults) | what they are |", "|---|---|---|"]
         for name, spec in base.registry.items():
-            doc = spec.params.__doc__ if dataclasses.fields(spec.params) else spec.fn.__doc__
+            doc = spec.params.__doc__ if dataclasses.fields(spec.params) or not hasattr(spec, "fn") else spec.fn.__doc__
             doc = " ".join((doc or "").split()).split(". ")[0].rstrip(".").replace("|", "\\|")
             lines.append(f"| `{name}` | {_defaults(spec.params)} | {doc} |")
         lines.append("")
@@ -65,8 +65,8 @@ def presets_markdown() -> str:
     rows = []
     for name, preset in PRESETS.items():
         cfg = AlgorithmConfig.from_preset(name)
-        others = [f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg)
-                  if f.name not in COLUMNS and getattr(cfg, f.name) != getattr(default, f.name)]
+        others = [f"{f.name}={_part(getattr(cfg, f.name)) if f.name in PARTS else repr(getattr(cfg, f.name))}"
+                  for f in dataclasses.fields(cfg) if f.name not in COLUMNS and getattr(cfg, f.name) != getattr(default, f.name)]
         cells = [f"`{name}`", *(_part(getattr(cfg, c)) if c in PARTS else str(getattr(cfg, c)) for c in COLUMNS),
                  ", ".join(others), preset.source]
         rows.append("| " + " | ".join(cells) + " |")
@@ -94,7 +94,8 @@ def presets_markdown() -> str:
         *rows,
         "",
         "Defaults (the fields not listed in a row): "
-        + ", ".join(f"{f.name}={getattr(default, f.name)!r}" for f in dataclasses.fields(default) if f.name not in COLUMNS)
+        + ", ".join(f"{f.name}={_part(getattr(default, f.name)) if f.name in PARTS else repr(getattr(default, f.name))}"
+                    for f in dataclasses.fields(default) if f.name not in COLUMNS)
         + ".",
         "",
         *parts_markdown(),

@@ -8,9 +8,11 @@ The tasks "file" (`FileTaskConfig`) and "tfds" (`TfdsTaskConfig`) read them from
 import dataclasses
 import json
 import pathlib
+import sys
 
 import grain
 
+from grpo_jax.data.samplers import Picked, batch_indices
 from grpo_jax.data.tasks import Source, Sources, TaskConfig, register
 from grpo_jax.rewards.answers import last_boxed
 
@@ -152,6 +154,5 @@ def batches(source: Source, *, batch_size: int, seed: int) -> grain.MapDataset:
     if len(source) < batch_size:
         raise ValueError(f"batches: the source has {len(source)} examples, fewer than one batch of {batch_size}; "
                          "lower the batch size")
-    shuffled = grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
-    return grain.MapDataset.range(len(shuffled) // batch_size).map(
-        lambda step: shuffled[step * batch_size:(step + 1) * batch_size])
+    return grain.MapDataset.range(sys.maxsize // batch_size).map(
+        lambda step: Picked(source, batch_indices(len(source), batch_size, seed, step)))

@@ -1,0 +1,133 @@
+"""Samplers that learn from each prompt's record of correct answers (`data.samplers`): which prompts to
+draw (VADE's Thompson sampling, a difficulty-pool curriculum) and how hot to sample them (ERPO)."""
+
+import dataclasses
+
+import numpy as np
+
+from grpo_jax.data.samplers import Choice, SamplerParams, batch_indices, sampler
+
+
+def _top(score: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest scores, largest first (ties to the lower index)."""
+    part = np.argpartition(-score, k - 1)[:k] if k < len(score) else np.arange(len(score))
+    return part[np.lexsort((part, -score[part]))]
+
+
+@sampler("vade", needs_correctness=True)
+@dataclasses.dataclass(frozen=True)
+class Vade(SamplerParams):
+    """VADE (arXiv 2511.18902): a Beta(alpha, beta) posterior of each prompt's success rate; each round
+    draws p ~ Beta per prompt (Thompson sampling) and takes the prompts of largest p (1 - p), the
+    variance of a correct answer, which a group-relative advantage needs (p = 0 or 1: no signal).
+    Two time scales keep the posterior tracking a moving policy: each observation of a prompt first
+    shrinks its evidence toward the prior by `decay`, and every round shrinks all evidence by `forget`
+    (prompts not drawn drift back to uncertain, so they are tried again). The shrink toward the prior
+    and its two rates are this implementation's reading of the paper's "two-scale prior decay"."""
+
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+    decay: float = 0.5  # evidence kept when a prompt is observed again
+    forget: float = 0.99  # evidence every prompt keeps per round
+
+    def __post_init__(self):
+        self.check({
+            "prior_alpha": (self.prior_alpha > 0, "must be > 0 (a Beta prior's pseudo-count of successes)"),
+            "prior_beta": (self.prior_beta > 0, "must be > 0 (a Beta prior's pseudo-count of failures)"),
+            "decay": (0 <= self.decay <= 1, "must be in [0, 1] (1: keep all earlier evidence)"),
+            "forget": (0 <= self.forget <= 1, "must be in [0, 1] (1: never forget)"),
+        })
+
+    def init(self, size):
+        return {"alpha": np.full(size, self.prior_alpha, np.float32), "beta": np.full(size, self.prior_beta, np.float32)}
+
+    def choose(self, state, draw):
+        p = draw.rng().beta(state["alpha"], state["beta"])
+        return Choice(_top(p * (1 - p), draw.prompts), np.full(draw.prompts, draw.group_size))
+
+    def update(self, state, results):
+        prior = {"alpha": self.prior_alpha, "beta": self.prior_beta}
+        state = {k: (prior[k] + self.forget * (v - prior[k])).astype(np.float32) for k, v in state.items()}
+        i, seen = results.indices, results.trials > 0
+        for k, evidence in (("alpha", results.successes), ("beta", results.trials - results.successes)):
+            kept = prior[k] + self.decay * (state[k][i] - prior[k])
+            state[k][i[seen]] = (kept + evidence)[seen]
+        return state
+
+
+EASY, NORMAL, HARD = 1, 0, 2
+
+
+@sampler("curriculum", needs_correctness=True)
+@dataclasses.dataclass(frozen=True)
+class Curriculum(SamplerParams):
+    """Difficulty pools in the manner of prime-rl's orchestrator buffer: every prompt starts normal; after
+    each round a prompt whose success rate is >= `easy_at` moves to the easy pool, <= `hard_at` to the
+    hard pool, else back to normal. A round takes `easy_fraction` and `hard_fraction` of its prompts
+    from those pools (what they cannot supply comes from normal) and the rest from the normal pool,
+    each uniformly without replacement: solved and hopeless prompts are revisited, but rarely."""
+
+    easy_at: float = 1.0
+    hard_at: float = 0.0
+    easy_fraction: float = 0.1
+    hard_fraction: float = 0.1
+
+    def __post_init__(self):
+        self.check({
+            "hard_at": (0 <= self.hard_at < self.easy_at, "must be in [0, easy_at) (success rates at or below it are hard)"),
+            "easy_at": (self.easy_at <= 1, "must be <= 1 (success rates at or above it are easy)"),
+            "easy_fraction": (0 <= self.easy_fraction <= 1, "must be in [0, 1]"),
+            "hard_fraction": (0 <= self.hard_fraction <= 1 - self.easy_fraction, "must be in [0, 1 - easy_fraction]"),
+        })
+
+    def init(self, size):
+        return {"pool": np.full(size, NORMAL, np.int32)}
+
+    def choose(self, state, draw):
+        rng, pool, n = draw.rng(), state["pool"], draw.prompts
+        want = {EASY: round(self.easy_fraction * n), HARD: round(self.hard_fraction * n)}
+        picked = {p: rng.permutation(np.flatnonzero(pool == p)) for p in (EASY, HARD, NORMAL)}
+        taken = [picked[p][:want[p]] for p in (EASY, HARD)]
+        rest = np.concatenate([picked[NORMAL], picked[EASY][want[EASY]:], picked[HARD][want[HARD]:]])
+        indices = np.concatenate([*taken, rest[:n - sum(map(len, taken))]])
+        return Choice(indices, np.full(n, draw.group_size))
+
+    def update(self, state, results):
+        seen = results.trials > 0
+        rate = results.successes[seen] / results.trials[seen]
+        pool = state["pool"].copy()
+        pool[results.indices[seen]] = np.where(rate >= self.easy_at, EASY, np.where(rate <= self.hard_at, HARD, NORMAL))
+        return {"pool": pool}
+
+
+@sampler("erpo", needs_correctness=True)
+@dataclasses.dataclass(frozen=True)
+class Erpo(SamplerParams):
+    """ERPO (arXiv 2511.04800): the uniform order, but a prompt whose last `streak` rounds were all
+    correct (a residual prompt: its group has no signal) is sampled hotter, at sampling.temperature +
+    min(`step` * streak, `max_increase`), so that some of its samples fail and its group learns again;
+    any round with a wrong answer resets it. Samples drawn hotter are off-policy for the policy at
+    sampling.temperature: the erpo preset corrects them with token-level truncated importance weights
+    (algorithm.tis_level), an implementation choice of ours. The linear rule and its cap are this
+    implementation's reading of the paper's adaptive temperature."""
+
+    step: float = 0.1  # temperature added per consecutive all-correct round
+    max_increase: float = 0.5
+
+    def __post_init__(self):
+        self.check({"step": (self.step >= 0, "must be >= 0"), "max_increase": (self.max_increase >= 0, "must be >= 0")})
+
+    def init(self, size):
+        return {"streak": np.zeros(size, np.int32)}
+
+    def choose(self, state, draw):
+        indices = batch_indices(draw.size, draw.prompts, draw.seed, draw.position)
+        hotter = np.minimum(self.step * state["streak"][indices], self.max_increase)
+        return Choice(indices, np.full(draw.prompts, draw.group_size), (draw.temperature + hotter).astype(np.float32))
+
+    def update(self, state, results):
+        seen = results.trials > 0
+        streak = state["streak"].copy()
+        solved = results.successes[seen] == results.trials[seen]
+        streak[results.indices[seen]] = np.where(solved, streak[results.indices[seen]] + 1, 0)
+        return {"streak": streak}

@@ -1,0 +1,179 @@
+"""Prompt samplers: which examples of the train source each rollout round draws, and how many samples
+each gets, from per-prompt state updated with every round's results.
+
+A sampler is a frozen dataclass of its parameters (`algorithm.sampler`), registered with
+`@sampler(name)`, whose methods are pure functions of host numpy:
+
+- `init(size) -> state`: the state of a source of `size` examples, {name: float32 or int32 array};
+  it is saved in the checkpoint (as arrays), so a resumed run takes the same decisions;
+- `choose(state, draw) -> Choice`: the round's prompts (indices into the source; a prompt may come
+  once) and the samples of each (multiples of `sampling.group_size`, summing to
+  `train.prompts_per_step * group_size`: shapes never change). Randomness comes from `draw.rng()`,
+  seeded by (train.seed, rounds drawn before), never from a global generator;
+- `update(state, results) -> state`: after each round, from its `Results` (every process's rows,
+  gathered), so every process holds the same state and takes the same decisions.
+
+The default `uniform` is the shuffle of `data.batches` (a new permutation of the source each epoch, cut
+into consecutive batches), stateless. A fork adds a sampler in one file: a class and its line.
+"""
+
+import dataclasses
+import functools
+
+import grain
+import numpy as np
+
+from grpo_jax.registry import Params, Registry
+
+State = dict[str, np.ndarray]
+STATE_DTYPES = (np.float32, np.int32)  # what a checkpoint holds exactly without jax's x64 mode
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """What a sampler knows of the round it chooses for."""
+
+    size: int  # examples in the train source
+    prompts: int  # train.prompts_per_step: prompt slots of a round
+    group_size: int  # sampling.group_size: samples per slot
+    seed: int  # train.seed
+    position: int  # rounds drawn before this one (the run's data position)
+    temperature: float = 1.0  # sampling.temperature
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.position])
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    indices: np.ndarray  # int [k]: examples of the train source
+    samples: np.ndarray  # int [k]: samples of each, multiples of group_size; sum = prompts * group_size
+    # float [k]: each prompt's sampling temperature (its samples' log-probs are reported under it, so
+    # the rollout correction, algorithm.tis_level, sees the difference); None: sampling.temperature
+    temperatures: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+    """One round's outcome per chosen prompt (the order of `Choice.indices`), over the samples whose
+    rewards are usable (`rewards.usable_groups`)."""
+
+    indices: np.ndarray  # int [k]
+    trials: np.ndarray  # int [k]: usable samples
+    successes: np.ndarray  # int [k]: correct ones among them
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    params: type  # its parameter dataclass (a SamplerParams): the value of AlgorithmConfig.sampler
+    # Its state learns from correctness (`Results`): the task needs a correctness reward.
+    needs_correctness: bool
+    # It may give a prompt more than group_size samples (the prompt's slots form one group).
+    allocates: bool
+
+
+SAMPLERS: Registry[Sampler] = Registry("sampler")
+
+
+class SamplerParams(Params):
+    """Base of a sampler's parameters (`AlgorithmConfig.sampler`)."""
+
+    registry, path = SAMPLERS, "algorithm.sampler"
+
+    def init(self, size: int) -> State:
+        return {}
+
+    def choose(self, state: State, draw: Draw) -> Choice:
+        raise NotImplementedError(f"sampler {self.name!r} must define choose(state, draw)")
+
+    def update(self, state: State, results: Results) -> State:
+        return state
+
+
+def sampler(name: str, *, needs_correctness: bool = False, allocates: bool = False):
+    """Class decorator: registers the sampler `name` (a frozen dataclass subclassing SamplerParams)."""
+    def register(cls):
+        SAMPLERS.add(name, Sampler(SAMPLERS.params_class(name, cls, SamplerParams, cls.__module__), needs_correctness,
+                                   allocates))
+        return cls
+
+    return register
+
+
+def checked(params: SamplerParams, choice: Choice, draw: Draw) -> Choice:
+    """`choice` as int arrays, or an error naming the sampler and what it got wrong."""
+    indices, samples = np.asarray(choice.indices), np.asarray(choice.samples)
+    where = f"sampler {params.name!r} (algorithm.sampler) at data position {draw.position}"
+    if indices.ndim != 1 or indices.size == 0 or samples.shape != indices.shape:
+        raise ValueError(f"{where} chose {indices.size} prompts with samples of shape {samples.shape}: a choice is at "
+                         "least one prompt index, with one sample count each; fix its choose()")
+    if not (np.issubdtype(indices.dtype, np.integer) and np.issubdtype(samples.dtype, np.integer)):
+        raise ValueError(f"{where} chose indices of {indices.dtype} and samples of {samples.dtype}: both must be "
+                         "integers; fix its choose()")
+    bad = indices[(indices < 0) | (indices >= draw.size)]
+    if bad.size:
+        raise ValueError(f"{where} chose prompt index {int(bad[0])}, outside the train source's {draw.size} examples "
+                         f"[0, {draw.size}); fix its choose()")
+    g, rows = draw.group_size, draw.prompts * draw.group_size
+    if (samples < g).any() or (samples % g).any() or samples.sum() != rows:
+        raise ValueError(f"{where} gave samples {samples.tolist()}: each must be a positive multiple of "
+                         f"sampling.group_size={g}, and they must sum to train.prompts_per_step * group_size = {rows}; "
+                         "fix its choose()")
+    if not params.spec.allocates and (samples != g).any():
+        raise ValueError(f"{where} gave a prompt {int(samples.max())} samples, but it is registered without "
+                         f"allocates=True (every prompt gets sampling.group_size={g}); register it with allocates=True")
+    temperatures = choice.temperatures
+    if temperatures is not None:
+        from grpo_jax.config import MIN_TEMPERATURE  # (config imports this module)
+
+        temperatures = np.asarray(temperatures, np.float32)
+        if temperatures.shape != indices.shape or not (np.isfinite(temperatures) & (temperatures >= MIN_TEMPERATURE)).all():
+            raise ValueError(f"{where} gave temperatures {temperatures.tolist()}: one per prompt, finite and >= "
+                             f"{MIN_TEMPERATURE}; fix its choose()")
+    return Choice(indices.astype(np.int64), samples.astype(np.int64), temperatures)
+
+
+def check_state(params: SamplerParams, state: State) -> State:
+    """`state` unchanged, or an error: a checkpoint stores float32 and int32 arrays exactly."""
+    for key, value in state.items():
+        if not isinstance(value, np.ndarray) or value.dtype not in STATE_DTYPES:
+            raise TypeError(f"sampler {params.name!r}: state[{key!r}] is {type(value).__name__} "
+                            f"{getattr(value, 'dtype', '')}; a sampler's state holds numpy float32 or int32 arrays, "
+                            "which a checkpoint stores exactly")
+    return state
+
+
+class Picked:
+    """The examples `indices` of `source`, random access, each read only when indexed (so that a process
+    reads just the examples of its own rows)."""
+
+    def __init__(self, source, indices: np.ndarray):
+        self.source, self.indices = source, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.source[int(self.indices[i])]
+
+
+@functools.cache
+def _shuffled(size: int, seed: int) -> grain.MapDataset:
+    return grain.MapDataset.range(size).shuffle(seed=seed).repeat(None)
+
+
+def batch_indices(size: int, batch_size: int, seed: int, position: int) -> np.ndarray:
+    """The examples of batch `position` of a source of `size`: each epoch a new permutation (by `seed`),
+    cut into consecutive batches (which cross epoch boundaries)."""
+    shuffled = _shuffled(size, seed)
+    return np.array([shuffled[i] for i in range(position * batch_size, (position + 1) * batch_size)], np.int64)
+
+
+@sampler("uniform")
+@dataclasses.dataclass(frozen=True)
+class Uniform(SamplerParams):
+    """Every example once per epoch, in a new random order each epoch (no state)."""
+
+    def choose(self, state, draw):
+        indices = batch_indices(draw.size, draw.prompts, draw.seed, draw.position)
+        return Choice(indices, np.full(draw.prompts, draw.group_size))
