@@ -9,20 +9,22 @@ for the final policy.
 """
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 
 from grpo_jax import checkpoint, run, trainer
-from grpo_jax.config import Config, override
+from grpo_jax.config import Config, ModelOptions, override
 from grpo_jax.train import load_config
 
 
-def export_step(cfg: Config, step: int | None = None, out: str | pathlib.Path | None = None, params=None,
-                **data) -> pathlib.Path:
-    """Writes checkpoint `step` of the run `cfg` (params and data as `run.train` takes them) as an HF
-    directory; returns its path."""
-    t = trainer.Trainer(cfg, params, **data)
-    tr = t.cfg.train
+def open_step(cfg: Config, step: int | None = None) -> tuple[checkpoint.Checkpointer, int]:
+    """The run's checkpointer (close it) and its intact checkpoint `step` (None: the newest), whose config
+    is checked against `cfg` as on resume: before any weight loads or anything compiles."""
+    trainer.check(cfg)
+    resolved = cfg if cfg.model is not None else dataclasses.replace(
+        cfg, model=trainer.model_config(cfg), model_path="", model_options=ModelOptions())  # as the Trainer saves it
+    tr = cfg.train
     ckpt = checkpoint.Checkpointer(pathlib.Path(tr.out_dir) / "checkpoints", tr.checkpoint_every, tr.keep_checkpoints)
     whole = lambda s: ckpt.problem(s) in (None, checkpoint.NO_CHECKSUMS)  # noqa: E731  (as latest_intact takes it)
     try:
@@ -34,11 +36,24 @@ def export_step(cfg: Config, step: int | None = None, out: str | pathlib.Path | 
         if not intact:
             raise ValueError(f"{ckpt.directory} holds no intact checkpoint of step {step}; its intact steps: "
                              f"{[s for s in ckpt.all_steps() if whole(s)]}")
-        run.check_resume(ckpt.read_meta(step)["config"], t.cfg, ckpt.directory)
+        run.check_resume(ckpt.read_meta(step)["config"], resolved, ckpt.directory)
+    except BaseException:
+        ckpt.close()
+        raise
+    return ckpt, step
+
+
+def export_step(cfg: Config, step: int | None = None, out: str | pathlib.Path | None = None, params=None,
+                **data) -> pathlib.Path:
+    """Writes checkpoint `step` of the run `cfg` (params and data as `run.train` takes them) as an HF
+    directory; returns its path."""
+    ckpt, step = open_step(cfg, step)
+    try:
+        t = trainer.Trainer(cfg, params, **data)
         t.restore(ckpt, step)
     finally:
         ckpt.close()
-    out = pathlib.Path(out) if out else pathlib.Path(tr.out_dir) / f"hf-step-{step}"
+    out = pathlib.Path(out) if out else pathlib.Path(cfg.train.out_dir) / f"hf-step-{step}"
     checkpoint.export_hf(t.cfg.model, t.export_params(), out, tokenizer_dir=t.source_path)
     return out
 

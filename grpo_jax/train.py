@@ -32,9 +32,10 @@ def _config_package(directory: pathlib.Path) -> str:
     return name
 
 
-def load_config(path: str | pathlib.Path) -> Config:
-    """The Config that `get_config()` of the Python file `path` returns. The file runs once per content
-    in a process (what it registers, e.g. a reward, is registered once)."""
+def load_config(path: str | pathlib.Path, kind: type = Config):
+    """The Config (or other `kind`, e.g. evaluate.EvalConfig) that `get_config()` of the Python file
+    `path` returns. The file runs once per content in a process (what it registers, e.g. a reward, is
+    registered once)."""
     path = pathlib.Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"--config {path}: no such file (configs live in experiments/configs/)")
@@ -54,10 +55,10 @@ def load_config(path: str | pathlib.Path) -> Config:
             del sys.modules[name]
             raise
     if not hasattr(module, "get_config"):
-        raise AttributeError(f"--config {path}: define get_config() returning a grpo_jax.config.Config")
+        raise AttributeError(f"{path}: define get_config() returning a {kind.__module__}.{kind.__name__}")
     cfg = module.get_config()
-    if not isinstance(cfg, Config):
-        raise TypeError(f"--config {path}: get_config() returned {type(cfg).__name__}, not a Config")
+    if not isinstance(cfg, kind):
+        raise TypeError(f"{path}: get_config() returned {type(cfg).__name__}, not a {kind.__name__}")
     return cfg
 
 

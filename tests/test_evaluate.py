@@ -1,0 +1,181 @@
+"""python -m grpo_jax.evaluate: a 37-problem set on 8 devices (every problem once, metrics recomputed from
+the records), an HF directory through the CLI, maj@k and the table by hand, bad input before compiling."""
+
+import json
+import math
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import checkpoint, evaluate as ev, rewards, sampling, trainer
+from grpo_jax.config import (
+    ArithmeticConfig, Config, FileTaskConfig, MeshConfig, RewardConfig, SamplingConfig, TrainConfig, override,
+)
+from grpo_jax.rewards import answers
+from test_cli import tiny_hf_checkpoint
+from test_trainer import MODEL
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "gsm8k_tiny.jsonl"
+
+
+@rewards.register("test_evaluate_has_number", correctness=True)
+def has_number(prompt, completion, example, **_):
+    """Right when the completion holds a number: an untrained model is right often enough for every metric to vary."""
+    return float(answers.extract_answer(completion) is not None)
+
+
+def run_config(out) -> Config:
+    return Config(
+        model=MODEL, tokenizer="char", mesh=MeshConfig(data=-1), task=ArithmeticConfig(),
+        reward=RewardConfig(names=("exact",), num_workers=0),
+        sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=2),
+        train=TrainConfig(steps=2, prompts_per_step=4, eval_prompts=1, out_dir=str(out), checkpoint_every=1),
+    )
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A run with a checkpoint at step 3 (an untrained policy saved as a step: the harness reads any step)."""
+    cfg = run_config(tmp_path_factory.mktemp("run"))
+    t = trainer.Trainer(cfg)
+    t.step = 3
+    ckpt = checkpoint.Checkpointer(pathlib.Path(cfg.train.out_dir) / "checkpoints", 1, 2)
+    t.save(ckpt, force=True)
+    ckpt.close()
+    return cfg
+
+
+def benchmarks(**changes) -> ev.EvalConfig:
+    return ev.EvalConfig(benchmarks=(
+        ev.Benchmark("arith37", ArithmeticConfig(), size=37, reward="test_evaluate_has_number", ks=(2, 4),
+                     sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=4, temperature=1.0)),
+        ev.Benchmark("arith5_greedy", ArithmeticConfig(), size=5, reward="exact",
+                     sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=1, greedy=True)),
+    ), **{"reward_workers": 0, "batch_problems": 16, **changes})
+
+
+def test_a_prime_sized_set_on_8_devices_holds_every_problem_once_and_its_metrics_recompute(saved_run, tmp_path):
+    assert jax.device_count() == 8
+    cfg = benchmarks()
+    result = ev.evaluate(cfg, run=saved_run, out=tmp_path)  # the newest step: 3
+    assert result["step"] == 3 and result["source"].endswith("step 3")
+    held_out = ArithmeticConfig().sources(cfg.seed)[1]
+    a = result["benchmarks"]["arith37"]
+    # 37 problems in batches of 16 on 8 devices: 16, 16 and 5 padded to 8; each problem once, in order
+    assert [r["index"] for r in a["records"]] == list(range(37))
+    assert [r["prompt"] for r in a["records"]] == [held_out[i]["prompt"] for i in range(37)]
+    assert all(len(r["samples"]) == 4 for r in a["records"])
+    assert a["metrics"] == ev.metrics(a["records"], 4, (2, 4))  # recomputed from the records alone
+    c = np.array([sum(s["correct"] for s in r["samples"]) for r in a["records"]])
+    assert 0 < c.sum() < 37 * 4, "every metric should vary"
+    assert a["metrics"]["avg@n"] == pytest.approx(c.sum() / (37 * 4))
+    for k in (2, 4):  # pass@k by binomials, independently of evaluation.pass_at_k
+        assert a["metrics"][f"pass@{k}"] == pytest.approx(np.mean([1 - math.comb(4 - ci, k) / math.comb(4, k) for ci in c]))
+    assert a["metrics"]["pass@4"] == pytest.approx(np.mean(c > 0))
+    g = result["benchmarks"]["arith5_greedy"]
+    assert [r["index"] for r in g["records"]] == list(range(5)) and g["config"]["ks"] == []
+    assert result["mean"] == {"avg@n": pytest.approx((a["metrics"]["avg@n"] + g["metrics"]["avg@n"]) / 2)}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["benchmarks"]["arith37"]["records"] == a["records"]
+    table = (tmp_path / "results.md").read_text()
+    assert "| benchmark | problems | n | avg@n | pass@2 | pass@4 | maj@2 | maj@4 |" in table
+    assert "| arith37 | 37 | 4 |" in table and "| mean |" in table
+    # the same problems at another batch size and mesh: the same records' problems, the greedy ones identical
+    other = ev.evaluate(benchmarks(batch_problems=5), run=override(saved_run, ["mesh.data=2", "mesh.tensor=4", "mesh.max_replicated_fraction=1"]),
+                        step=3, out=tmp_path / "other")
+    assert [r["index"] for r in other["benchmarks"]["arith37"]["records"]] == list(range(37))
+    assert other["benchmarks"]["arith5_greedy"]["records"] == g["records"]
+
+
+def test_maj_at_k_and_metrics_by_hand():
+    def sample(answer, correct):
+        return {"answer": answer, "correct": correct, "length": 3, "truncated": False}
+
+    # "0.5" and "1/2" are one vote; a tie goes to the answer seen first; no answer does not vote
+    assert ev.majority_correct([sample("7", False), sample("0.5", True), sample("1/2", True)])
+    assert not ev.majority_correct([sample("7", False), sample("1/2", True)])
+    assert ev.majority_correct([sample(None, False), sample(None, False), sample("x", True)])
+    assert not ev.majority_correct([sample(None, True)])
+    records = [{"samples": [sample("1", True), sample("2", False), sample("2", False), sample("2", False)]},
+               {"samples": [sample("3", False), sample("4", True), sample("4", True), sample(None, False)]}]
+    m = ev.metrics(records, 4, (2, 4))
+    assert m["avg@n"] == 3 / 8 and m["pass@4"] == 1.0
+    assert m["pass@2"] == pytest.approx(((1 - 3 / 6) + (1 - 1 / 6)) / 2)  # 1 - C(4-c,2)/C(4,2), c = 1 and 2
+    # maj@2: a tie in both, to the first answer ("1" right, "3" wrong); maj@4: "2" (wrong) and "4" (right)
+    assert m["maj@2"] == 0.5 and m["maj@4"] == 0.5 and [ev.majority_correct(r["samples"]) for r in records] == [False, True]
+    assert ev.metrics(records[1:], 4, (3,))["maj@3"] == 1.0
+
+
+def test_an_hf_directory_through_the_command_line(tmp_path, capsys):
+    tiny_hf_checkpoint(tmp_path / "hf")
+    (tmp_path / "bench.py").write_text(f"""
+from grpo_jax.config import FileTaskConfig, SamplingConfig
+from grpo_jax.evaluate import Benchmark, EvalConfig
+
+def get_config():
+    task = FileTaskConfig(format="gsm8k", path={str(FIXTURE)!r}, eval_path={str(FIXTURE)!r})
+    return EvalConfig(benchmarks=(
+        Benchmark("gsm8k", task, reward="math", sampling=SamplingConfig(max_prompt_len=96, max_new_tokens=3, group_size=2)),
+        Benchmark("unused", task, size=1),
+    ), reward_workers=0)
+""")
+    ev.main(["--benchmarks", str(tmp_path / "bench.py"), "--hf", str(tmp_path / "hf"), "--only", "gsm8k",
+             "--out", str(tmp_path / "out")])
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert list(result["benchmarks"]) == ["gsm8k"] and result["step"] is None
+    records = result["benchmarks"]["gsm8k"]["records"]
+    assert [r["index"] for r in records] == list(range(20)) and records[0]["reference"] == "15"
+    assert result["benchmarks"]["gsm8k"]["metrics"] == ev.metrics(records, 2, (2,))
+    assert "| gsm8k | 20 | 2 |" in capsys.readouterr().out
+
+
+def empty_file(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    return FileTaskConfig(path=str(tmp_path / "empty.jsonl"), eval_path=str(tmp_path / "empty.jsonl"))
+
+
+ONE = SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=1)
+BAD = {
+    "unknown benchmark": (lambda p: dict(only=["arith"]), r"--only arith: no such benchmark in the EvalConfig; its "
+                          r"benchmarks: arith37, arith5_greedy"),
+    "empty set": (lambda p: dict(cfg=ev.EvalConfig((ev.Benchmark("empty", empty_file(p), sampling=ONE),))),
+                  r"Benchmark 'empty': its set \(.*empty.jsonl\) is empty"),
+    "endless set without a size": (lambda p: dict(cfg=ev.EvalConfig((ev.Benchmark("a", ArithmeticConfig(), sampling=ONE),))),
+                                   r"Benchmark 'a'.size=0, but task 'arithmetic' generates problems without end; set size"),
+    "not a checker": (lambda p: dict(cfg=ev.EvalConfig((ev.Benchmark("a", ArithmeticConfig(), size=2, reward="format", sampling=ONE),))),
+                      r"Benchmark 'a'.reward='format' is not a registered correctness reward; choose from \[.*'math'"),
+    "prompt too long": (lambda p: dict(cfg=ev.EvalConfig((ev.Benchmark("a", ArithmeticConfig(), "held_out", 2, "exact", sampling=SamplingConfig(max_prompt_len=3)),))),
+                        r"Benchmark 'a': problem 0 renders to \d+ tokens; Benchmark 'a'.sampling.max_prompt_len=3: raise it"),
+    "checkpoint of another model": (lambda p: dict(run=["model.hidden_size=64"]),
+                                    r"holds a run whose config differs from this one \(checkpoint -> now\):\n  model.hidden_size: 32 -> 64"),
+    "missing step": (lambda p: dict(step=5), r"holds no intact checkpoint of step 5; its intact steps: \[3\]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_refused_before_anything_compiles(case, saved_run, tmp_path, monkeypatch):
+    def compiled(*args, **kwargs):
+        raise AssertionError("reached the model before the input was checked")
+
+    monkeypatch.setattr(trainer, "Trainer", compiled)
+    monkeypatch.setattr(sampling, "rollout", compiled)
+    make, message = BAD[case]
+    args = {"cfg": benchmarks(), "run": [], "step": None, "only": (), **make(tmp_path)}
+    with pytest.raises(ValueError, match=message):
+        ev.evaluate(args["cfg"], run=override(saved_run, args["run"]), step=args["step"], only=args["only"],
+                    out=tmp_path)
+
+
+def test_k_above_n_and_a_mismatched_hf_directory_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"Benchmark 'b'.ks=\(8,\): k=8 is not in \[1, n=4\] \(n = sampling.group_size"):
+        ev.Benchmark("b", ArithmeticConfig(), size=2, ks=(8,), sampling=SamplingConfig(group_size=4))
+    tiny_hf_checkpoint(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("compiled before the check"))
+    cfg = ev.EvalConfig((ev.Benchmark("a", FileTaskConfig(path=str(FIXTURE), eval_path=str(FIXTURE)), size=1,
+                                      sampling=SamplingConfig(max_prompt_len=96, max_new_tokens=2)),), reward_workers=0)
+    with pytest.raises(ValueError, match=r"tensor model.layers.0.mlp.\w+_proj.weight has shape .*, expected .* from config.json"):
+        ev.evaluate(cfg, hf=str(tmp_path / "hf"), out=tmp_path / "out")
