@@ -315,3 +315,61 @@ def test_erpo_samples_residual_prompts_hotter_through_the_trainer(tmp_path):
                    jax.random.fold_in(jax.random.key(0), 0), dataclasses.replace(t.cfg.sampling, temperature=1.5))
     np.testing.assert_array_equal(np.asarray(got["rollout"].tokens), np.asarray(hot["rollout"].tokens))
     np.testing.assert_allclose(np.asarray(got["rollout"].logprobs), np.asarray(hot["rollout"].logprobs), atol=1e-6)
+
+
+# -- GDRO ------------------------------------------------------------------------------------------
+
+def test_square_root_allocation_by_hand_and_its_optimum_in_float64():
+    alloc = curricula.sqrt_allocation
+    assert alloc(np.array([1.0, 2, 3, 2]), 16, cap=8).tolist() == [2, 4, 6, 4]  # exactly proportional
+    assert alloc(np.array([1.0, 2, 3, 2]), 16, cap=5).tolist() == [3, 4, 5, 4]  # capped; the spare slot by remainder
+    assert alloc(np.array([0.0, 0, 0]), 4, cap=4).tolist() == [2, 1, 1]  # no spread: even, ties to the lower index
+    # the minimum of sum sigma^2 / n over every split of 9 slots (n >= 1), found by brute force
+    sigma = np.array([0.5, 0.3, 0.1])
+    splits = [(a, b, 9 - a - b) for a in range(1, 8) for b in range(1, 9 - a)]
+    best = min(splits, key=lambda n: float(np.sum(sigma ** 2 / np.array(n, np.float64))))
+    assert alloc(sigma, 9, cap=9).tolist() == list(best) == [5, 3, 1]
+
+
+def test_gdro_bins_weights_and_update_by_hand():
+    gdro = curricula.Gdro(bins=2, eta=1.0, ema=0.5, explore=0.2)
+    state = gdro.init(6)
+    state["successes"][:4], state["trials"][:4] = [4, 3, 1, 0], [4, 4, 4, 4]
+    assert gdro.bin_of(state).tolist() == [1, 1, 0, 0, 2, 2]  # rates 1, .75, .25, 0; never seen
+    state["score"][:], state["observed"][:] = [0.3, 0.1, 0.0], [2, 1, 0]
+    # bias-corrected: 0.3 / (1 - 0.5^2) = 0.4, 0.1 / 0.5 = 0.2; never observed: 1
+    w = np.exp(np.array([0.4, 0.2, 1.0]) - 1.0)
+    np.testing.assert_allclose(gdro.weights(state, np.ones(3, bool)), 0.8 * w / w.sum() + 0.2 / 3, rtol=1e-6)
+    np.testing.assert_allclose(gdro.weights(state, np.array([True, True, False])),  # an empty bin: never drawn
+                               np.r_[0.8 * w[:2] / w[:2].sum() + 0.1, 0.0], rtol=1e-6)
+    new = gdro.update(state, Results(np.array([0, 2, 3, 4]), trials=np.array([4, 4, 4, 4]),
+                                     successes=np.array([2, 1, 0, 3])))
+    # drawn from bins 1, 0, 0, 2: failure rates 2/4, 7/8, 1/4
+    np.testing.assert_allclose(new["score"], [0.5 * 0.3 + 0.5 * 7 / 8, 0.5 * 0.1 + 0.5 * 0.5, 0.5 * 0.25], rtol=1e-6)
+    assert new["observed"].tolist() == [3, 2, 1] and state["observed"].tolist() == [2, 1, 0]
+    assert new["successes"].tolist() == [2, 3, 1, 0, 3, 0] and new["trials"].tolist() == [4, 4, 4, 4, 4, 0]
+
+
+def test_gdro_gives_uncertain_prompts_more_samples_and_fills_the_batch():
+    gdro = curricula.Gdro(bins=2, max_slots=3)
+    state = gdro.init(40)
+    state["trials"][:] = 8
+    state["successes"][:] = 8
+    state["successes"][::4] = 4  # every fourth prompt is solved half the time
+    for position in range(10):
+        choice = samplers.checked(gdro, gdro.choose(state, Draw(40, 8, 2, 0, position)), Draw(40, 8, 2, 0, position))
+        assert choice.samples.sum() == 16 and len(set(choice.indices.tolist())) == len(choice.indices)
+        uncertain = choice.indices % 4 == 0
+        if uncertain.any() and not uncertain.all():
+            assert choice.samples[uncertain].min() >= choice.samples[~uncertain].max()
+
+
+def test_gdro_runs_through_the_trainer_with_unequal_groups(tmp_path):
+    t = trainer.Trainer(config(tmp_path, "gdro", prompts_per_step=4), **MINE)
+    t.sampler_state["trials"][:], t.sampler_state["successes"][:] = 200, 200  # solved: sigma 0.07
+    t.sampler_state["trials"][:4], t.sampler_state["successes"][:4] = 8, 4  # prompts 0-3 half: sigma 0.5
+    choice = t.sampler.choose(t.sampler_state, t.draw())
+    assert choice.samples.tolist() == [8, 8] and (choice.indices < 4).all()  # the solved ones' slots go to them
+    metrics, _ = t.train_step()
+    assert all(np.isfinite(v) for v in metrics.values()) and metrics["groups/kept"] == 4
+    assert (t.sampler_state["trials"][choice.indices] == choice.samples).all()  # learned from this round

@@ -1,5 +1,6 @@
 """Samplers that learn from each prompt's record of correct answers (`data.samplers`): which prompts to
-draw (VADE's Thompson sampling, a difficulty-pool curriculum) and how hot to sample them (ERPO)."""
+draw (VADE's Thompson sampling, a difficulty-pool curriculum, GDRO's bandit over difficulty bins), how
+many samples each gets (GDRO's square-root allocation) and how hot to sample them (ERPO)."""
 
 import dataclasses
 
@@ -131,3 +132,87 @@ class Erpo(SamplerParams):
         solved = results.successes[seen] == results.trials[seen]
         streak[results.indices[seen]] = np.where(solved, streak[results.indices[seen]] + 1, 0)
         return {"streak": streak}
+
+
+def sqrt_allocation(sigma: np.ndarray, slots: int, cap: int) -> np.ndarray:
+    """`slots` slots split in proportion to `sigma` (at most `cap` each), by largest remainder (ties to
+    the lower index): the allocation that minimizes sum_i sigma_i^2 / n_i under sum_i n_i = slots."""
+    want = slots * sigma / sigma.sum() if sigma.sum() > 0 else np.full(len(sigma), slots / len(sigma))
+    n = np.minimum(np.floor(want), cap).astype(np.int64)
+    while n.sum() < slots:
+        n[np.argmax(np.where(n < cap, want - n, -np.inf))] += 1
+    return n
+
+
+@sampler("gdro", needs_correctness=True, allocates=True)
+@dataclasses.dataclass(frozen=True)
+class Gdro(SamplerParams):
+    """GDRO (arXiv 2601.19280), its two games. Prompt-GDRO: prompts fall into `bins` difficulty bins by
+    their last observed success rate (and one bin of prompts never seen); each bin keeps an EMA of its
+    failure rate (rate `ema`, bias-corrected as Adam's, so a bin drawn rarely is not scored low for
+    it; a bin never observed scores 1), and a round draws bins from the multiplicative weights
+    q_b ~ exp(`eta` * score_b), mixed with `explore` of uniform, then prompts uniformly within them.
+    Rollout-GDRO: the round's `train.prompts_per_step` slots go to those prompts in proportion to
+    sigma = sqrt(p (1 - p)), p = (successes + 1) / (trials + 2), at most `max_slots` each: the
+    square-root allocation that minimizes the summed variance p (1 - p) / n of the group estimates
+    under the fixed budget (a prompt given 0 slots is not drawn). The closed form stands in for the
+    paper's shadow-price controller of that budget; `max_slots=1` is Prompt-GDRO alone."""
+
+    bins: int = 4
+    eta: float = 2.0
+    ema: float = 0.3
+    explore: float = 0.1
+    max_slots: int = 4
+
+    def __post_init__(self):
+        self.check({
+            "bins": (self.bins >= 1, "must be >= 1 (difficulty bins of the success rate)"),
+            "eta": (self.eta >= 0, "must be >= 0 (0: uniform over bins)"),
+            "ema": (0 < self.ema <= 1, "must be in (0, 1]"),
+            "explore": (0 <= self.explore <= 1, "must be in [0, 1]"),
+            "max_slots": (self.max_slots >= 1, "must be >= 1 (1: every drawn prompt gets group_size samples)"),
+        })
+
+    def init(self, size):
+        return {"successes": np.zeros(size, np.int32), "trials": np.zeros(size, np.int32),
+                "score": np.zeros(self.bins + 1, np.float32), "observed": np.zeros(self.bins + 1, np.int32)}
+
+    def bin_of(self, state) -> np.ndarray:
+        """Each prompt's difficulty bin: by its last success rate; `bins` for a prompt never seen."""
+        t = state["trials"]
+        rate = state["successes"] / np.maximum(t, 1)
+        return np.where(t > 0, np.minimum((rate * self.bins).astype(np.int64), self.bins - 1), self.bins)
+
+    def weights(self, state, filled: np.ndarray) -> np.ndarray:
+        """q over the bins (0 for empty ones)."""
+        corrected = state["score"] / (1 - (1 - self.ema) ** np.maximum(state["observed"], 1))
+        score = np.where(state["observed"] > 0, corrected, 1.0)
+        w = np.where(filled, np.exp(self.eta * (score - score[filled].max())), 0.0)
+        q = (1 - self.explore) * w / w.sum() + self.explore * filled / filled.sum()
+        return q / q.sum()
+
+    def choose(self, state, draw):
+        rng, n = draw.rng(), draw.prompts
+        bins = self.bin_of(state)
+        members = [np.flatnonzero(bins == b) for b in range(self.bins + 1)]
+        counts = rng.multinomial(n, self.weights(state, np.array([len(m) > 0 for m in members])))
+        taken = [rng.choice(m, min(c, len(m)), replace=False) for m, c in zip(members, counts)]
+        picked = np.concatenate(taken)
+        if len(picked) < n:  # bins drawn more often than they hold prompts: the rest uniformly
+            rest = np.setdiff1d(np.arange(draw.size), picked)
+            picked = np.concatenate([picked, rng.choice(rest, n - len(picked), replace=False)])
+        p = (state["successes"][picked] + 1.0) / (state["trials"][picked] + 2.0)
+        slots = sqrt_allocation(np.sqrt(p * (1 - p)), n, self.max_slots)
+        return Choice(picked[slots > 0], slots[slots > 0] * draw.group_size)
+
+    def update(self, state, results):
+        seen = results.trials > 0
+        i, s, t = results.indices[seen], results.successes[seen], results.trials[seen]
+        bins = self.bin_of(state)[i]  # the bins they were drawn from
+        fails = np.bincount(bins, t - s, self.bins + 1) / np.maximum(np.bincount(bins, t, self.bins + 1), 1)
+        hit = np.bincount(bins, minlength=self.bins + 1) > 0
+        state = {k: v.copy() for k, v in state.items()}
+        state["score"] = np.where(hit, (1 - self.ema) * state["score"] + self.ema * fails, state["score"]).astype(np.float32)
+        state["observed"] += hit
+        state["successes"][i], state["trials"][i] = s, t
+        return state
