@@ -28,6 +28,7 @@ setup(
             "torch==2.13.0",  # PyTorch `transformers` parity tests (CPU wheel)
             "gguf>=0.19",  # SmolLM2 GGUF -> safetensors conversion (slow test)
             "accelerate>=1.0",
+            "wandb>=0.19",  # train.report_to=("wandb",), offline in tests
         ],
     },
 )

@@ -11,6 +11,7 @@ import Config, ModelConfig, RewardConfig, ...` (only the packages this module im
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import json
 import math
 import types
@@ -21,6 +22,7 @@ from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401 
 from grpo_jax.data.reasoning import ColumnAdditionConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
+from grpo_jax.logging import TRACKERS
 from grpo_jax.lora import LoraConfig
 from grpo_jax.metrics import EDGES_RULE, edges_increase
 from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
@@ -180,6 +182,9 @@ class TrainConfig:
     # same params and batch (routing.ratio_by_routes): the part of the ratio's drift that routing
     # changes cause (GSPO sec. 5.3). One more forward per update.
     compare_routes: bool = False
+    # Trackers that also get every logged row's scalars, by package name (grpo_jax.logging.TRACKERS: "wandb");
+    # metrics.jsonl and TensorBoard are always written.
+    report_to: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check("TrainConfig", {
@@ -199,6 +204,11 @@ class TrainConfig:
             "keep_checkpoints": (self.keep_checkpoints >= 1, "must be >= 1"),
             "max_skipped_steps": (self.max_skipped_steps >= 1, "must be >= 1"),
             "length_buckets": (edges_increase(self.length_buckets), EDGES_RULE),
+            "report_to": (set(self.report_to) <= set(TRACKERS), f"names an unknown tracker; choose from {sorted(TRACKERS)}"),
+        }, self)
+        _check("TrainConfig", {
+            "report_to": (all(importlib.util.find_spec(n) for n in self.report_to),
+                          "names a tracker whose package is not installed: pip install it"),
         }, self)
 
 
@@ -297,7 +307,7 @@ def flatten(cfg) -> dict:
 RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
-    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "train.compare_routes", "mesh.", "reward.num_workers", "reward.timeout_s",
+    "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "train.compare_routes", "train.report_to", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
     "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
     "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before

@@ -1,6 +1,6 @@
 """Run logs: a console progress bar, metrics.jsonl, TensorBoard events and a PNG of the main curves;
 completions.jsonl (sampled completions every N steps) and held_out.jsonl (per-example results of the
-final evaluation).
+final evaluation); and each row's scalars to the trackers of `train.report_to` (`TRACKERS`: W&B).
 
 Only process 0 writes; on other processes every method is a no-op, so the host loop calls them
 unconditionally. Metrics arrive as flat dicts of Python floats (fetched once per step), one row per
@@ -74,6 +74,34 @@ def _rewrite(path: pathlib.Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+class WandbTracker:
+    """Weights & Biases: one W&B run per run directory. Its id is kept in `out_dir/wandb.json`, so a resume
+    continues the same W&B run (a fresh run starts a new one); W&B keeps the first copy of the steps a
+    resume logs again (the exact same run). Project, entity and mode are W&B's own environment variables
+    (WANDB_PROJECT, default "grpo_jax"; WANDB_MODE=offline writes `out_dir/wandb/` for `wandb sync`)."""
+
+    def __init__(self, out_dir: pathlib.Path, config: dict, resume_step: int | None):
+        import wandb
+
+        path = out_dir / "wandb.json"
+        run_id = json.loads(path.read_text())["id"] if resume_step is not None and path.is_file() else None
+        self.run = wandb.init(id=run_id, resume="allow", dir=out_dir, name=out_dir.name, config=config,
+                              project=os.environ.get("WANDB_PROJECT", "grpo_jax"))
+        path.write_text(json.dumps({"id": self.run.id}))
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        if step >= self.run.step:  # below: a step this W&B run holds already
+            self.run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# train.report_to names -> a tracker: made on process 0 as (out_dir, the run's flattened config, the
+# resumed step or None), then log(step, scalars) per row and close(); a fork adds one class and one line.
+TRACKERS = {"wandb": WandbTracker}
+
+
 class MetricsLogger:
     """Writes `out_dir/metrics.jsonl`, `out_dir/tensorboard/` (its histograms kept in
     `out_dir/histograms.jsonl`), `out_dir/completions.jsonl`, `out_dir/held_out.jsonl` and, on close,
@@ -82,10 +110,11 @@ class MetricsLogger:
     `resume_step` is the step of the checkpoint the run continues from (None: a fresh run, which
     keeps no earlier rows). Every row gains "time/run_s": the run's wall seconds so far, counted from
     `started` (a `time.perf_counter()`; default: now) and continued from the resumed step's row, so
-    that each process's start-up counts and the steps a kill lost (logged again) count once."""
+    that each process's start-up counts and the steps a kill lost (logged again) count once. The rows'
+    scalars also go to the trackers named in `report_to` (`TRACKERS`), given the run's `config`."""
 
     def __init__(self, out_dir: str | pathlib.Path, total_steps: int, resume_step: int | None = None,
-                 started: float | None = None):
+                 started: float | None = None, report_to: Sequence[str] = (), config: dict | None = None):
         self.enabled = jax.process_index() == 0
         self.out_dir = pathlib.Path(out_dir)
         keep = -1 if resume_step is None else resume_step
@@ -111,6 +140,7 @@ class MetricsLogger:
         for row in kept["histograms.jsonl"]:
             self._tensorboard(row["step"], histograms=row)
         self.bar = tqdm.tqdm(total=total_steps, initial=max(keep, 0), dynamic_ncols=True)
+        self.trackers = [TRACKERS[name](self.out_dir, config or {}, resume_step) for name in report_to]
 
     def _tensorboard(self, step: int, scalars: dict | None = None, histograms: dict | None = None) -> None:
         """One event holding a row's scalars or histograms, written and flushed (fsync) before returning."""
@@ -135,6 +165,8 @@ class MetricsLogger:
         self.history.append(row)
         self._append("metrics.jsonl", [row])
         self._tensorboard(step, scalars=row)
+        for tracker in self.trackers:
+            tracker.log(step, row)
         if histograms:
             from google.protobuf import json_format
             from tensorboardX.summary import make_histogram
@@ -168,6 +200,8 @@ class MetricsLogger:
             return
         self.bar.close()
         self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
         for f in self.files.values():
             f.close()
         plot_curves(self.history, self.out_dir / "curves.png")

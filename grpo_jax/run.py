@@ -188,7 +188,7 @@ def train(cfg: Config, params=None, **data) -> dict:
             check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory, DIVERGED_MAY_CHANGE if diverged else ())
             t.restore(ckpt, resume)
         if t.step < tr.steps:
-            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start))
+            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start, tr.report_to, flatten(cfg)))
         else:
             print(f"run complete: {ckpt.directory} holds step {t.step} of train.steps={tr.steps}; nothing to do")
             history = run_logging.read_rows(out / "metrics.jsonl")
