@@ -3,6 +3,16 @@
     python -m grpo_jax.evaluate --benchmarks FILE [--only NAME ...] \\
         (--config RUN.py [--set KEY=VALUE ...] [--step N] | --hf DIR) [--out DIR]
 
+    def get_config():  # FILE
+        math500 = FileTaskConfig(format="math", path="data/math500.jsonl")  # one file: its "train" split
+        return EvalConfig(benchmarks=(
+            Benchmark("math500", math500, split="train", reward="math", template=MATH_COT, ks=(4, 16),
+                      sampling=SamplingConfig(max_prompt_len=512, max_new_tokens=4096, group_size=16,
+                                              temperature=0.6, top_p=0.95)),
+            Benchmark("gsm8k", FileTaskConfig(path="data/gsm8k/train.jsonl", eval_path="data/gsm8k/test.jsonl"),
+                      template=MATH_COT, sampling=SamplingConfig(max_prompt_len=512, max_new_tokens=1024,
+                                                                 group_size=1, greedy=True))))
+
 FILE is config as code: its `get_config()` returns an `EvalConfig`, a tuple of named `Benchmark`s. Each
 has its own problem set (a task config and which of its splits: files, TFDS or a synthetic task), answer
 checker (a registered correctness reward: "math" compares numbers exactly, anything else by
