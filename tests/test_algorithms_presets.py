@@ -41,7 +41,8 @@ def test_every_preset_runs_one_loss_evaluation(preset):
         stats = step_stats(cfg, logp, old, adv, mask, entropy, np.arange(mask.size).reshape(mask.shape),
                            tokens=tokens, group_size=g)
     (loss, m), grad = jax.jit(jax.value_and_grad(
-        lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=nz, ref_logp=ref, stats=stats), has_aux=True))(logp)
+        lambda lp: policy_loss(cfg, lp, old, adv, mask, normalizer=nz, ref_logp=ref, stats=stats,
+                               sampler_logp=old - 0.05 if cfg.tis_level else None), has_aux=True))(logp)
     assert np.isfinite(loss) and np.isfinite(grad).all() and np.abs(grad).sum() > 0
     assert all(np.isfinite(v) for v in metrics.finalize(m).values())
 
