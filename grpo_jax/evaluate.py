@@ -28,7 +28,7 @@ and every problem's record with each sample's answer, correctness, length and co
 copies of the first problem whose rows enter no record, so every problem is evaluated exactly once.
 Every user error (an unknown benchmark, an empty set, k > n, a prompt too long, a checkpoint of another
 model) is raised before anything compiles. Over several processes every process runs the same command
-and gathers every completion; process 0 writes.
+(with the launch flags of `grpo_jax.train`) and gathers every completion; process 0 writes.
 
 A run's checkpoint is evaluated on the run's mesh (`--set mesh.data=...` changes it, as on resume);
 `EvalConfig.mesh` and `model_options` apply to an HF directory.
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import data, evaluation, export, models, rewards, sampling, sharding, trainer
+from grpo_jax import data, distributed, evaluation, export, models, rewards, sampling, sharding, trainer
 from grpo_jax.config import Config, MeshConfig, ModelOptions, SamplingConfig, TaskConfig, override
 from grpo_jax.data.tasks import SPLITS
 from grpo_jax.data.templates import PLAIN, PromptTemplate
@@ -340,9 +340,11 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's overrides")
     parser.add_argument("--step", type=int, help="the run's checkpointed step (default: the newest intact one)")
     parser.add_argument("--out", help="the directory to write (default: train.out_dir/eval-step-N)")
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.hf and (args.set or args.step is not None):
         parser.error("--set and --step apply to a run (--config), not to --hf")
+    distributed.initialize(parser, args)
     try:
         cfg = load_config(args.benchmarks, EvalConfig)
         run = override(load_config(args.config), args.set) if args.config else None

@@ -4,8 +4,9 @@
 
 The run's own command (its config and `--set`s), plus the step (default: the newest intact one); the
 directory defaults to `train.out_dir/hf-step-N`. A config that would make the checkpoint another run's
-is refused, as on resume. Under LoRA the adapters are merged into the base, as `train.export_hf` does
-for the final policy.
+is refused, as on resume, before any weight loads. Under LoRA the adapters are merged into the base, as
+`train.export_hf` does for the final policy. Over several processes, every process runs the same command
+with `grpo_jax.train`'s launch flags; process 0 writes.
 """
 
 import argparse
@@ -13,7 +14,7 @@ import dataclasses
 import pathlib
 import sys
 
-from grpo_jax import checkpoint, run, trainer
+from grpo_jax import checkpoint, distributed, run, trainer
 from grpo_jax.config import Config, ModelOptions, override
 from grpo_jax.train import load_config
 
@@ -64,7 +65,9 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the run's overrides")
     parser.add_argument("--step", type=int, help="the checkpointed step (default: the newest intact one)")
     parser.add_argument("--out", help="the directory to write (default: train.out_dir/hf-step-N)")
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
+    distributed.initialize(parser, args)
     try:
         out = export_step(override(load_config(args.config), args.set), args.step, args.out)
     except (ValueError, FileNotFoundError) as e:

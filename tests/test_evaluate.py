@@ -129,6 +129,9 @@ def get_config():
     assert [r["index"] for r in records] == list(range(20)) and records[0]["reference"] == "15"
     assert result["benchmarks"]["gsm8k"]["metrics"] == ev.metrics(records, 2, (2,))
     assert "| gsm8k | 20 | 2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"python -m grpo_jax.evaluate: error: --only gsm: no such benchmark"):
+        ev.main(["--benchmarks", str(tmp_path / "bench.py"), "--hf", str(tmp_path / "hf"), "--only", "gsm",
+                 "--out", str(tmp_path / "out")])
 
 
 def empty_file(tmp_path):
