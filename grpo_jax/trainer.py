@@ -144,8 +144,10 @@ def check(cfg: Config) -> None:
             f"the rollout batch of train.prompts_per_step * sampling.group_size = {rows} completions does "
             f"not split into train.minibatches={tr.minibatches} x train.micro_batches={tr.micro_batches}"
         )
-    if s.group_size < 2:
-        raise ValueError(f"sampling.group_size={s.group_size}: group advantages need at least 2 samples per prompt")
+    need = algorithms.advantages.min_group_size(cfg.algorithm.advantage)
+    if s.group_size < need:
+        raise ValueError(f"sampling.group_size={s.group_size}: algorithm.advantage={cfg.algorithm.advantage.name!r} needs "
+                         f"at least {need} samples per prompt")
 
 
 def check_prompts(cfg: Config, task: Task) -> None:
@@ -450,6 +452,7 @@ class Trainer:
             choice = samplers.checked(self.sampler, self.sampler.choose(self.sampler_state, draw), draw)
             slots = choice.samples // g
             group = np.repeat(np.arange(len(choice.indices)), slots)  # slot -> its prompt's group
+            baseline = self.sampler.baseline(self.sampler_state, choice.indices) if self.sampler.spec.baseline else None
             s = self.sample(samplers.Picked(self.task.train, np.repeat(choice.indices, slots)), jax.random.fold_in(rng, rounds),
                             cfg.sampling, None if choice.temperatures is None else np.repeat(choice.temperatures, slots))
             sample_time += time.perf_counter() - t0
@@ -469,13 +472,17 @@ class Trainer:
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
             keep &= s["usable"]
             kept += [(len(drawn), i, scores[i * g:(i + 1) * g], group[i]) for i in np.flatnonzero(keep)]
+            total = scores @ weights
+            if baseline is not None:  # each row's reward less its prompt's expected reward, before this round
+                s["centred"] = total - np.repeat(baseline[group], g).astype(np.float32)
             drawn.append(s)
             if self.sampler.spec.needs_correctness:
                 counted = np.repeat(s["usable"], g)
                 self.sampler_state = samplers.check_state(self.sampler, self.sampler.update(
                     self.sampler_state, samplers.Results(
                         choice.indices, np.bincount(rows, counted, k).astype(np.int64),
-                        np.bincount(rows, counted & s["correct"], k).astype(np.int64))))
+                        np.bincount(rows, counted & s["correct"], k).astype(np.int64),
+                        np.bincount(rows, np.where(counted, total, 0.0), k))))
             if not alg.dynamic_sampling or len(kept) >= want or rounds >= alg.max_gen_batches:
                 break
         kept = kept[:want]
@@ -512,9 +519,11 @@ class Trainer:
         n = len(kept) * g
         if n:
             groups = np.unique([(r, k) for r, _, _, k in kept], axis=0, return_inverse=True)[1].reshape(-1)
+            scores, w = np.concatenate([sc for _, _, sc, _ in kept]), weights
+            if self.sampler.spec.baseline:  # the weighted total less the sampler's baseline (sum_then_normalize)
+                scores, w = np.concatenate([drawn[r]["centred"][i * g:(i + 1) * g] for r, i, _, _ in kept])[:, None], (1.0,)
             advantages[:n] = np.asarray(algorithms.compute_advantages(
-                alg, np.concatenate([sc for _, _, sc, _ in kept]), group_ids=np.repeat(groups, g),
-                lengths=mask_lengths[:n], reward_weights=weights))
+                alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w))
         return source, advantages, mask_lengths, prompt_lengths
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
@@ -605,6 +614,10 @@ class Trainer:
             for mb in batches:  # dispatched back to back: nothing is read from the device in between
                 self.state, m = self.update(self.state, self.ref_params, mb)
                 updates.append(m)
+        if self.sampler.spec.drift:  # how far this step's updates moved the policy, on the step's tokens
+            metrics["sampler/drift"] = self._drift(batches)
+            self.sampler_state = samplers.check_state(self.sampler, self.sampler.observe(self.sampler_state,
+                                                                                        metrics["sampler/drift"]))
         step_metrics, updates = jax.device_get(_read_updates(updates, learning_rates))  # replicated: every process
         self.optimizer_step += n - round(float(step_metrics["skipped_updates"]) + float(step_metrics["empty_updates"]))
         t2 = time.perf_counter()
@@ -617,6 +630,19 @@ class Trainer:
         })
         self.step += 1
         return metrics, updates
+
+    def _drift(self, batches: list[ts.Batch]) -> float:
+        """Mean |log pi_new - log pi_old| over the rollout batch's counted tokens, pi_new the policy after
+        the step's updates (one more forward per minibatch), pi_old its l^old, or where the step is
+        on-policy (no l^old pass) the sampler's log-probs, taken under the same params."""
+        cfg, total, count = self.cfg, 0.0, 0.0
+        for b in batches:
+            with sharding.activation_rules(self.mesh):
+                new, _ = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.policy_params, b.tokens, b.positions,
+                                         b.segment_ids, b.mask, b.routes, group=ts.prefix_group(cfg), packing=b.packing)
+            old = b.sampler_logp if b.old_logp is None else b.old_logp
+            total, count = total + jnp.sum(jnp.abs(new - old) * b.mask), count + jnp.sum(b.mask)
+        return float(total / jnp.maximum(count, 1.0))
 
     def learning_rate(self, optimizer_step: int) -> float:
         """The schedule's rate at an optimizer step, as the update metrics log it (computed on the host once)."""

@@ -13,6 +13,7 @@ from grpo_jax import algorithms, checkpoint, data, models, run, trainer
 from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig, flatten
 from grpo_jax.config import resume_changes
 from grpo_jax.data import CharTokenizer, curricula, samplers
+from grpo_jax.algorithms import reference
 from grpo_jax.data.samplers import SAMPLERS, Choice, Draw, Results
 from grpo_jax.rewards import Reward
 
@@ -152,6 +153,12 @@ def test_a_sampler_that_learns_from_correctness_needs_a_correctness_reward(tmp_p
         trainer.Trainer(cfg, examples=SUMS, held_out=SUMS[:4])
 
 
+def test_a_sampler_with_a_baseline_refuses_per_reward_normalization():
+    with pytest.raises(ValueError, match="sampler='spo' subtracts its baseline from the weighted total reward, so "
+                                         "reward_combine='normalize_each'"):
+        algorithms.AlgorithmConfig.from_preset("spo", reward_combine="normalize_each")
+
+
 def test_a_sampler_that_allocates_refuses_a_loss_over_groups(registered):
     registered("two_slots", type("TwoSlots", (samplers.SamplerParams,), {}), allocates=True)
     with pytest.raises(ValueError, match="sampler='two_slots' may give a prompt several slots .* loss='gvpo' reads "
@@ -179,7 +186,7 @@ def test_vade_posterior_update_by_hand():
     evidence and add their successes and failures."""
     vade = curricula.Vade(prior_alpha=1.0, prior_beta=2.0, decay=0.25, forget=0.5)
     state = {"alpha": np.array([5, 1, 3, 9], np.float32), "beta": np.array([2, 6, 2, 4], np.float32)}
-    new = vade.update(state, Results(np.array([2, 0, 3]), trials=np.array([4, 8, 0]), successes=np.array([3, 0, 0])))
+    new = vade.update(state, Results(np.array([2, 0, 3]), trials=np.array([4, 8, 0]), successes=np.array([3, 0, 0]), rewards=np.zeros(3)))
     # after forgetting: alpha [3, 1, 2, 5], beta [2, 4, 2, 3]
     # prompt 2: alpha 1 + 0.25 (2 - 1) + 3 = 4.25, beta 2 + 0.25 (2 - 2) + 1 = 3
     # prompt 0: alpha 1 + 0.25 (3 - 1) + 0 = 1.5, beta 2 + 0.25 (2 - 2) + 8 = 10; prompt 3 has no trial
@@ -209,7 +216,7 @@ def test_curriculum_pools_by_hand():
     cur = curricula.Curriculum(easy_at=0.75, hard_at=0.25, easy_fraction=0.25, hard_fraction=0.25)
     state = cur.init(8)
     state = cur.update(state, Results(np.array([0, 1, 2, 3, 4]), trials=np.array([4, 4, 4, 4, 0]),
-                                      successes=np.array([4, 3, 1, 2, 0])))
+                                      successes=np.array([4, 3, 1, 2, 0]), rewards=np.zeros(5)))
     assert state["pool"].tolist() == [curricula.EASY, curricula.EASY, curricula.HARD] + [curricula.NORMAL] * 5
     for position in range(20):
         chosen = cur.choose(state, Draw(8, 4, 2, 0, position)).indices
@@ -276,7 +283,7 @@ def test_erpo_streaks_and_temperatures_by_hand():
     erpo = curricula.Erpo(step=0.25, max_increase=0.6)
     state = {"streak": np.array([0, 1, 4, 2, 0], np.int32)}
     state = erpo.update(state, Results(np.array([0, 1, 2, 3]), trials=np.array([4, 4, 4, 0]),
-                                       successes=np.array([4, 4, 3, 0])))
+                                       successes=np.array([4, 4, 3, 0]), rewards=np.zeros(4)))
     assert state["streak"].tolist() == [1, 2, 0, 2, 0]  # all correct: +1; a wrong answer: 0; no trial: kept
     draw = Draw(5, prompts=5, group_size=2, seed=0, position=0, temperature=0.8)
     choice = erpo.choose(state, draw)
@@ -343,7 +350,7 @@ def test_gdro_bins_weights_and_update_by_hand():
     np.testing.assert_allclose(gdro.weights(state, np.array([True, True, False])),  # an empty bin: never drawn
                                np.r_[0.8 * w[:2] / w[:2].sum() + 0.1, 0.0], rtol=1e-6)
     new = gdro.update(state, Results(np.array([0, 2, 3, 4]), trials=np.array([4, 4, 4, 4]),
-                                     successes=np.array([2, 1, 0, 3])))
+                                     successes=np.array([2, 1, 0, 3]), rewards=np.zeros(4)))
     # drawn from bins 1, 0, 0, 2: failure rates 2/4, 7/8, 1/4
     np.testing.assert_allclose(new["score"], [0.5 * 0.3 + 0.5 * 7 / 8, 0.5 * 0.1 + 0.5 * 0.5, 0.5 * 0.25], rtol=1e-6)
     assert new["observed"].tolist() == [3, 2, 1] and state["observed"].tolist() == [2, 1, 0]
@@ -373,3 +380,60 @@ def test_gdro_runs_through_the_trainer_with_unequal_groups(tmp_path):
     metrics, _ = t.train_step()
     assert all(np.isfinite(v) for v in metrics.values()) and metrics["groups/kept"] == 4
     assert (t.sampler_state["trials"][choice.indices] == choice.samples).all()  # learned from this round
+
+
+# -- SPO -------------------------------------------------------------------------------------------
+
+def test_spo_tracker_by_hand():
+    """rho = clip(2^(-D / 0.1), 0.5, 0.9), D the drift since the prompt's last round (0 if never seen)."""
+    spo = curricula.SpoTracker(prior=0.5, half_drift=0.1, rho_min=0.5, rho_max=0.9)
+    state = spo.init(4)
+    state = spo.update(state, Results(np.array([0, 1]), trials=np.array([1, 1]), successes=np.array([1, 0]),
+                                      rewards=np.array([1.0, 0.0])))
+    # first seen: D = 0, rho = min(1, 0.9): alpha = 0.9 * 0.5 + r, beta = 0.9 * 0.5 + 1 - r
+    np.testing.assert_allclose(state["alpha"], [1.45, 0.45, 0.5, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(state["beta"], [0.45, 1.45, 0.5, 0.5], rtol=1e-6)
+    state = spo.observe(spo.observe(state, 0.05), 0.05)  # the policy moved 0.1 since: rho = 2^-1 = 0.5
+    np.testing.assert_allclose(spo.baseline(state, np.array([0, 2])), [1.45 / 1.9, 0.5], rtol=1e-6)
+    new = spo.update(state, Results(np.array([0, 3]), trials=np.array([2, 1]), successes=np.array([1, 1]),
+                                    rewards=np.array([1.5, 1.0])))  # rewards are weighted totals, not counts
+    np.testing.assert_allclose(new["alpha"], [0.5 * 1.45 + 1.5, 0.45, 0.5, 0.9 * 0.5 + 1.0], rtol=1e-6)
+    np.testing.assert_allclose(new["beta"], [0.5 * 0.45 + 0.5, 1.45, 0.5, 0.9 * 0.5], rtol=1e-6)
+    np.testing.assert_allclose(new["seen_at"], [0.1, 0, -1, 0.1], rtol=1e-6)
+    assert state["alpha"][0] == np.float32(1.45)  # pure
+
+
+def test_spo_prioritized_sampling_is_gumbel_top_k_in_float64():
+    spo = curricula.SpoTracker()
+    rng = np.random.default_rng(0)
+    state = spo.init(30)
+    state["alpha"][:], state["beta"][:] = rng.uniform(0.1, 5, 30), rng.uniform(0.1, 5, 30)
+    v = state["alpha"].astype(np.float64) / (state["alpha"].astype(np.float64) + state["beta"])
+    keys = np.log(np.sqrt(v * (1 - v)) + 0.05) + np.random.default_rng([4, 9]).gumbel(size=30)
+    assert spo.choose(state, Draw(30, 7, 1, 4, 9)).indices.tolist() == np.argsort(-keys, kind="stable")[:7].tolist()
+    # solved prompts (v = 1) are drawn at the floor rate: far less than uncertain ones, never zero
+    state["alpha"][:], state["beta"][:] = 1.0, 1.0
+    state["beta"][:15] = 1e-6
+    counts = np.zeros(2)
+    for position in range(200):
+        np.add.at(counts, (spo.choose(state, Draw(30, 3, 1, 0, position)).indices < 15).astype(int), 1)
+    assert 0 < counts[1] < counts[0] / 5
+
+
+def test_spo_single_stream_through_the_trainer(tmp_path):
+    """One sample per prompt: advantages are the rewards less the tracker's baseline, standardized over the
+    batch; the step's drift is measured and the tracker learns the round."""
+    cfg = config(tmp_path, "spo", prompts_per_step=4)
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, group_size=1))
+    t = trainer.Trainer(cfg, **MINE)
+    metrics, _ = t.train_step()
+    (s,) = t.last_rollout["drawn"]
+    total = (s["rewards"] @ np.float32([1.0, 0.5])).astype(np.float64)
+    want = reference.spo(cfg.algorithm.advantage, total - 0.5, None, None)  # every prompt's first baseline: 0.5
+    np.testing.assert_allclose(t.last_rollout["advantages"], want, rtol=1e-5, atol=1e-6)
+    assert metrics["sampler/drift"] > 0 and t.sampler_state["clock"][0] == np.float32(metrics["sampler/drift"])
+    chosen = t.sampler_state["seen_at"] == 0
+    assert chosen.sum() == 4
+    np.testing.assert_allclose(t.sampler_state["alpha"][chosen] + t.sampler_state["beta"][chosen], 0.96 + 1, rtol=1e-6)
+    with pytest.raises(ValueError, match="sampling.group_size=1: algorithm.advantage='group_std' needs at least 2"):
+        trainer.Trainer(dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("grpo")), **MINE)

@@ -119,6 +119,11 @@ class AlgorithmConfig:
                 "runs at the params that computed l^old and routing_replay='old' replays the routes the router "
                 "picks anyway; use routing_replay='none' (or 'sampler' to train on the sampler's routes)."
             )
+        if self.sampler.spec.baseline and self.reward_combine != "sum_then_normalize":
+            raise ValueError(
+                f"AlgorithmConfig: sampler={self.sampler.name!r} subtracts its baseline from the weighted total reward, so "
+                f"reward_combine={self.reward_combine!r} (per-reward normalization) cannot apply; use 'sum_then_normalize'."
+            )
         if self.sampler.spec.allocates and spec.needs_groups:
             raise ValueError(
                 f"AlgorithmConfig: sampler={self.sampler.name!r} may give a prompt several slots of group_size "
@@ -215,3 +220,4 @@ preset("vade", "VADE 2511.18902", **_BASE, sampler="vade")
 preset("curriculum", "prime-rl difficulty pools", **_BASE, sampler="curriculum")
 preset("erpo", "ERPO 2511.04800", **_BASE, sampler="erpo", tis_level="token")
 preset("gdro", "GDRO 2601.19280", **_BASE, sampler="gdro")
+preset("spo", "SPO 2509.13232", **_BASE, advantage="spo", sampler="spo")

@@ -216,3 +216,61 @@ class Gdro(SamplerParams):
         state["observed"] += hit
         state["successes"][i], state["trials"][i] = s, t
         return state
+
+
+@sampler("spo", needs_correctness=True, baseline=True, drift=True)
+@dataclasses.dataclass(frozen=True)
+class SpoTracker(SamplerParams):
+    """SPO's value tracker and prioritized sampling (arXiv 2509.13232; the authors' verl recipe). Each
+    prompt keeps Beta pseudo-counts (alpha, beta), both `prior` at first; its baseline is
+    v = alpha / (alpha + beta), subtracted from its samples' rewards before the `spo` advantage
+    standardizes them over the batch. After a round, alpha <- rho alpha + r and beta <- rho beta + (1 - r)
+    for each sample's weighted total reward r (for r in [0, 1] a discounted Beta posterior; for any r,
+    v is the discounted mean of the rewards, as alpha + beta does not depend on them), with rho = clip(2^(-D / `half_drift`), `rho_min`,
+    `rho_max`): the more the policy moved since the prompt was last seen (D), the faster its old
+    evidence fades; a prompt never seen has D = 0. D here is the drift the trainer measured after each
+    step (mean |log pi_new - log pi_old| over the step's tokens), summed over the steps since the
+    prompt's last round; the recipe measures it on the prompt's own last sample instead. Rounds draw
+    prompts without replacement with probability proportional to sqrt(v (1 - v)) + `epsilon` (v clipped
+    to [0, 1]; by Gumbel top-k): uncertain prompts first, none starved."""
+
+    prior: float = 0.5
+    half_drift: float = 0.06
+    rho_min: float = 0.875
+    rho_max: float = 0.96
+    epsilon: float = 0.05
+
+    def __post_init__(self):
+        self.check({
+            "prior": (self.prior > 0, "must be > 0 (the pseudo-count of successes and of failures at first)"),
+            "half_drift": (self.half_drift > 0, "must be > 0 (the drift that halves the weight of old evidence)"),
+            "rho_min": (0 <= self.rho_min <= self.rho_max, "must be in [0, rho_max]"),
+            "rho_max": (self.rho_max <= 1, "must be <= 1"),
+            "epsilon": (self.epsilon > 0, "must be > 0 (every prompt keeps a chance to be drawn)"),
+        })
+
+    def init(self, size):
+        return {"alpha": np.full(size, self.prior, np.float32), "beta": np.full(size, self.prior, np.float32),
+                "seen_at": np.full(size, -1.0, np.float32), "clock": np.zeros(1, np.float32)}
+
+    def baseline(self, state, indices):
+        return (state["alpha"] / (state["alpha"] + state["beta"]))[indices]
+
+    def choose(self, state, draw):
+        v = np.clip(state["alpha"] / (state["alpha"] + state["beta"]), 0, 1)
+        keys = np.log(np.sqrt(v * (1 - v)) + self.epsilon) + draw.rng().gumbel(size=draw.size)
+        return Choice(_top(keys, draw.prompts), np.full(draw.prompts, draw.group_size))
+
+    def update(self, state, results):
+        seen = results.trials > 0
+        i, r, n = results.indices[seen], results.rewards[seen], results.trials[seen]
+        state = {k: v.copy() for k, v in state.items()}
+        drift = np.where(state["seen_at"][i] >= 0, state["clock"][0] - state["seen_at"][i], 0.0)
+        rho = np.clip(2.0 ** (-drift / self.half_drift), self.rho_min, self.rho_max)
+        state["alpha"][i] = rho * state["alpha"][i] + r
+        state["beta"][i] = rho * state["beta"][i] + (n - r)
+        state["seen_at"][i] = state["clock"][0]
+        return state
+
+    def observe(self, state, drift):
+        return {**state, "clock": (state["clock"] + drift).astype(np.float32)}

@@ -11,7 +11,11 @@ A sampler is a frozen dataclass of its parameters (`algorithm.sampler`), registe
   `train.prompts_per_step * group_size`: shapes never change). Randomness comes from `draw.rng()`,
   seeded by (train.seed, rounds drawn before), never from a global generator;
 - `update(state, results) -> state`: after each round, from its `Results` (every process's rows,
-  gathered), so every process holds the same state and takes the same decisions.
+  gathered), so every process holds the same state and takes the same decisions;
+- registered with `baseline=True`, `baseline(state, indices)`: each prompt's expected reward, which the
+  trainer subtracts from its samples' rewards before the advantage estimator (SPO's value tracker);
+- registered with `drift=True`, `observe(state, drift)`: after each step, how far its updates moved
+  the policy (the mean |log pi_new - log pi_old| over the step's counted tokens).
 
 The default `uniform` is the shuffle of `data.batches` (a new permutation of the source each epoch, cut
 into consecutive batches), stateless. A fork adds a sampler in one file: a class and its line.
@@ -61,6 +65,7 @@ class Results:
     indices: np.ndarray  # int [k]
     trials: np.ndarray  # int [k]: usable samples
     successes: np.ndarray  # int [k]: correct ones among them
+    rewards: np.ndarray  # float [k]: the sum of their weighted total rewards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,8 @@ class Sampler:
     needs_correctness: bool
     # It may give a prompt more than group_size samples (the prompt's slots form one group).
     allocates: bool
+    baseline: bool  # it defines baseline(state, indices)
+    drift: bool  # it defines observe(state, drift)
 
 
 SAMPLERS: Registry[Sampler] = Registry("sampler")
@@ -89,12 +96,19 @@ class SamplerParams(Params):
     def update(self, state: State, results: Results) -> State:
         return state
 
+    def baseline(self, state: State, indices: np.ndarray) -> np.ndarray:
+        raise NotImplementedError(f"sampler {self.name!r} is registered with baseline=True: define baseline(state, indices)")
 
-def sampler(name: str, *, needs_correctness: bool = False, allocates: bool = False):
+    def observe(self, state: State, drift: float) -> State:
+        raise NotImplementedError(f"sampler {self.name!r} is registered with drift=True: define observe(state, drift)")
+
+
+def sampler(name: str, *, needs_correctness: bool = False, allocates: bool = False, baseline: bool = False,
+            drift: bool = False):
     """Class decorator: registers the sampler `name` (a frozen dataclass subclassing SamplerParams)."""
     def register(cls):
         SAMPLERS.add(name, Sampler(SAMPLERS.params_class(name, cls, SamplerParams, cls.__module__), needs_correctness,
-                                   allocates))
+                                   allocates, baseline, drift))
         return cls
 
     return register

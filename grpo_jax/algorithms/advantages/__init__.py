@@ -23,7 +23,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, Real
 from grpo_jax.algorithms.advantages.base import (
     ADVANTAGES, Advantage, AdvantageParams, Standardized, advantage, batch_standardize, group_spread,
 )
-from grpo_jax.algorithms.advantages.classic import BatchStd, GroupStd, ReinforcePp
+from grpo_jax.algorithms.advantages.classic import BatchStd, GroupStd, ReinforcePp, Spo
 from grpo_jax.algorithms.advantages.robust import Gapo, NoiseAware, Ngrpo
 from grpo_jax.algorithms.advantages.shaped import PassAtK
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADVANTAGES", "Advantage", "AdvantageParams", "BatchStd", "Gapo", "GroupStd", "NoiseAware", "Ngrpo", "PassAtK",
-    "ReinforcePp", "Standardized", "advantage", "compute_advantages", "overlong_penalty",
+    "ReinforcePp", "Spo", "Standardized", "advantage", "compute_advantages", "min_group_size", "overlong_penalty",
 ]
 BATCH_STD_EPS = 1e-6  # normalize_then_sum's batch standardization: std + this
 
@@ -99,9 +99,8 @@ def compute_advantages(
     spec = params.spec
     if spec.needs_lengths and lengths is None:
         raise ValueError(f"compute_advantages: advantage={params.name!r} needs lengths= (counted completion lengths).")
-    need, why = 2, "every estimator (it compares a completion with the others of its group)"
-    if spec.min_group_size is not None and spec.min_group_size(params) > 2:
-        need = spec.min_group_size(params)
+    need, why = min_group_size(params), "every estimator (it compares a completion with the others of its group)"
+    if need != 2:
         why = f"algorithm.advantage={params!r}"
     groups = _group_ids(n, group_size, group_ids, need, why)
 
@@ -125,6 +124,11 @@ def compute_advantages(
         valid = group_spread(combined, groups) > 0
         adv = adv * n / jnp.maximum(valid.sum(), 1)
     return adv.astype(jnp.float32)
+
+
+def min_group_size(params: AdvantageParams) -> int:
+    """The fewest completions per prompt the estimator `params` works with (2 unless it declares others)."""
+    return params.spec.min_group_size(params) if params.spec.min_group_size is not None else 2
 
 
 def overlong_penalty(

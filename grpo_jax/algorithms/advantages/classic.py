@@ -6,7 +6,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from grpo_jax.algorithms import reference
-from grpo_jax.algorithms.advantages.base import Standardized, advantage, group_stats, group_sum
+from grpo_jax.algorithms.advantages.base import Standardized, advantage, batch_standardize, group_stats, group_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,12 @@ class BatchStd(Standardized):
 @dataclasses.dataclass(frozen=True)
 class ReinforcePp(Standardized):
     """Group-centred, whitened over the batch's tokens."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spo(Standardized):
+    """Standardized over the whole batch, no groups (with the `spo` sampler, of rewards less its per-prompt
+    baseline)."""
 
 
 @advantage("group_std", params=GroupStd, reference=reference.group_std)
@@ -58,6 +64,15 @@ def batch_std(p, rewards, groups, lengths):
     """TRL scale_rewards="batch": group-centred, scaled by the std of the whole batch."""
     _, mean, _ = group_stats(rewards, groups)
     return (rewards - mean) / (jnp.std(rewards, ddof=1) + p.eps)
+
+
+@advantage("spo", params=Spo, reference=reference.spo, learns_from_uniform_groups=True, min_group_size=lambda p: 1)
+def spo(p, rewards, groups, lengths):
+    """SPO (arXiv 2509.13232): R standardized over the whole batch; groups play no part, so a prompt may have
+    a single sample and a group of equal rewards still learns. With a sampler that keeps a baseline (the
+    `spo` sampler's value tracker) the trainer passes R - b, b the prompt's baseline; without one, the
+    batch mean is the baseline."""
+    return batch_standardize(rewards, p.eps)
 
 
 @advantage("reinforce_pp", params=ReinforcePp, reference=reference.reinforce_pp, needs_lengths=True)

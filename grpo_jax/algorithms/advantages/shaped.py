@@ -58,7 +58,7 @@ def _binomial_ratio(a, b, k: int):
     return out
 
 
-@advantage("pass_at_k", params=PassAtK, reference=reference.pass_at_k, min_group_size=lambda p: p.k,
+@advantage("pass_at_k", params=PassAtK, reference=reference.pass_at_k, min_group_size=lambda p: max(p.k, 2),
            test_params=dict(k=2))
 def pass_at_k(p, rewards, groups, lengths):
     """Pass@k Training, analytical form (arXiv 2508.10751; the authors' `code/passk_adv.py`), for

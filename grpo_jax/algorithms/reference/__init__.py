@@ -24,6 +24,7 @@ from grpo_jax.algorithms.reference.advantages import (
     pass_at_k,
     reinforce_pp,
     rloo,
+    spo,
 )
 from grpo_jax.algorithms.reference.common import LOG_RATIO_BOUND, exp_clamped
 from grpo_jax.algorithms.reference.losses import (

@@ -30,6 +30,11 @@ def batch_std(cfg, r, groups, lengths):
     return group_mean(cfg, r, groups, lengths) / (r.std(ddof=1) + cfg.eps)
 
 
+def spo(cfg, r, groups, lengths):
+    """SPO: (r - mean) / (std + eps) over the whole batch, groups ignored; 0 where the batch has no spread."""
+    return (r - r.mean()) / (r.std(ddof=1) + cfg.eps) if r.max() > r.min() else np.zeros(len(r))
+
+
 def reinforce_pp(cfg, r, groups, lengths):
     """REINFORCE++-baseline: group-centred rewards, whitened over every counted token of the batch
     (the token list built explicitly: completion i contributes L_i copies of its value)."""
