@@ -159,8 +159,8 @@ def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward(tmp_path, 
     cfg = config(tmp_path, "dapo")
     real_sample, drawn = trainer.Trainer.sample, []
 
-    def all_correct(self, examples, rng, sampling_cfg):
-        s = real_sample(self, examples, rng, sampling_cfg)
+    def all_correct(self, examples, rng, sampling_cfg, temperatures=None):
+        s = real_sample(self, examples, rng, sampling_cfg, temperatures)
         s["rewards"][:, 0] = 1.0  # the exact-match column: every completion right
         s["correct"] = np.ones(len(s["rewards"]), bool)
         drawn.append(s)
@@ -190,8 +190,8 @@ def test_kept_groups_are_gathered_into_the_batch_on_device(tmp_path, monkeypatch
                    [0, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 1]])  # step 2: group 0 of round 0, group 1 of round 1
     real_sample, drawn = trainer.Trainer.sample, []
 
-    def controlled(self, examples, rng, sampling_cfg):
-        s = real_sample(self, examples, rng, sampling_cfg)
+    def controlled(self, examples, rng, sampling_cfg, temperatures=None):
+        s = real_sample(self, examples, rng, sampling_cfg, temperatures)
         s["correct"] = np.array(next(rounds), bool)
         drawn.append(s)
         return s
