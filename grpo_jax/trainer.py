@@ -354,6 +354,10 @@ class Trainer:
                              f"reward.names={cfg.reward.names} is a correctness reward: add one (e.g. 'exact'), or use "
                              "algorithm.sampler='uniform'")
         self.sampler_state = samplers.check_state(self.sampler, self.sampler.init(len(self.task.train)))
+        self.replay = None  # samplers with replays: each prompt's last group (samplers.replay_store)
+        if self.sampler.spec.replays:
+            self.replay = samplers.replay_store(self.sampler, len(self.task.train), cfg.sampling.group_size,
+                                                cfg.sampling.max_new_tokens, len(cfg.reward.names))
         self.position = 0  # prompt rounds drawn
         self.step = 0
         # TrainState.step (the applied optimizer updates, which set the learning rate), counted on the host
@@ -425,12 +429,50 @@ class Trainer:
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
 
+    def _store(self, s: dict, indices: np.ndarray, group: np.ndarray) -> None:
+        """Keeps the first slot of each prompt of a sampled round whose rewards are usable as its last group."""
+        g, store = self.cfg.sampling.group_size, self.replay
+        tokens, logprobs = sharding.gather((s["rollout"].tokens, s["rollout"].logprobs))
+        for e in np.unique(group):
+            i = int(np.flatnonzero(group == e)[0])
+            if s["usable"][i]:
+                rows, p = slice(i * g, (i + 1) * g), indices[e]
+                store["tokens"][p], store["logprobs"][p], store["lengths"][p] = tokens[rows], logprobs[rows], s["lengths"][rows]
+                store["truncated"][p], store["rewards"][p], store["stored"][p] = s["truncated"][rows], s["rewards"][rows], 1
+
+    def _replayed(self, indices: np.ndarray) -> dict:
+        """The stored groups of prompts `indices` as a drawn round (what `sample` returns, with "stored"):
+        their tokens, the log-probs their sampler reported then (so the rollout correction weighs them),
+        their rewards; every process builds the rows it holds."""
+        g, store = self.cfg.sampling.group_size, self.replay
+        n = len(indices) * g
+        rows = sharding.process_rows(self.mesh, n)
+        prompt_ids = np.unique(rows // g)
+        texts, prompts = self._prompts(samplers.Picked(self.task.train, indices[prompt_ids]))
+        of_row = np.searchsorted(prompt_ids, rows // g)
+        row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.mesh, n)
+        flat = {k: v[indices].reshape(n, *v.shape[2:]) for k, v in store.items() if k != "stored"}
+        mask = np.arange(flat["tokens"].shape[1]) < flat["lengths"][:, None]
+        rollout = sharding.global_batch(sampling.Rollout(
+            flat["tokens"][rows], mask[rows], flat["logprobs"][rows], flat["lengths"][rows],
+            flat["truncated"][rows].astype(bool)), self.mesh, n)
+        correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
+        return dict(
+            prompts=row_prompts, rollout=rollout, rows=rows, texts=[texts[i] for i in of_row],
+            completions=[self.task.tokenizer.decode(t[:k]) for t, k in zip(flat["tokens"][rows], flat["lengths"][rows])],
+            rewards=flat["rewards"], lengths=flat["lengths"], truncated=flat["truncated"].astype(bool),
+            prompt_lengths=sharding.gather(row_prompts.lengths), metrics={}, generate_s=0.0,
+            correct=flat["rewards"][:, correct[0]] >= 1.0 if correct else None, usable=np.ones(len(indices), bool),
+            stored=True,
+        )
+
     def draw(self) -> samplers.Draw:
         """What the sampler knows of the next round: seeded by train.seed (not rollout_seed: the data order
         is the run's) and the rounds drawn before."""
         tr = self.cfg.train
         return samplers.Draw(len(self.task.train), tr.prompts_per_step, self.cfg.sampling.group_size, tr.seed,
-                             self.position, self.cfg.sampling.temperature)
+                             self.position, self.cfg.sampling.temperature,
+                             None if self.replay is None else self.replay["stored"] > 0)
 
     def rollout_batch(self, rng) -> tuple[list[ts.Batch], dict]:
         """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled);
@@ -446,6 +488,7 @@ class Trainer:
         shaping = alg.overlong_buffer_frac > 0
         weights = np.asarray(cfg.reward.weights + ((1.0,) if shaping else ()), np.float32)
         kept, rounds, drawn, sample_time = [], 0, [], 0.0
+        overlong = lambda lengths: np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))  # noqa: E731
         while True:
             t0 = time.perf_counter()
             draw = self.draw()
@@ -455,13 +498,14 @@ class Trainer:
             baseline = self.sampler.baseline(self.sampler_state, choice.indices) if self.sampler.spec.baseline else None
             s = self.sample(samplers.Picked(self.task.train, np.repeat(choice.indices, slots)), jax.random.fold_in(rng, rounds),
                             cfg.sampling, None if choice.temperatures is None else np.repeat(choice.temperatures, slots))
+            replayed = None if choice.replay is None or not choice.replay.any() else self._replayed(
+                choice.indices[choice.replay > 0])  # the stored groups, before this round's replace them
             sample_time += time.perf_counter() - t0
             self.position += 1
             rounds += 1
             scores = s["rewards"]
             if shaping:  # one more reward column, of weight 1
-                pen = np.asarray(algorithms.overlong_penalty(alg, s["lengths"], cfg.sampling.max_new_tokens))
-                scores = np.concatenate([scores, pen[:, None]], axis=1)
+                scores = np.concatenate([scores, overlong(s["lengths"])[:, None]], axis=1)
             signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
             k, rows = len(choice.indices), np.repeat(group, g)
             low, high, usable = np.full(k, np.inf, signal.dtype), np.full(k, -np.inf, signal.dtype), np.ones(k, bool)
@@ -471,11 +515,18 @@ class Trainer:
             s["informative"], s["usable"] = (high > low)[group], usable[group]  # per slot, of its prompt's group
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
             keep &= s["usable"]
-            kept += [(len(drawn), i, scores[i * g:(i + 1) * g], group[i]) for i in np.flatnonzero(keep)]
+            kept += [(len(drawn), i, scores[i * g:(i + 1) * g], (rounds, group[i])) for i in np.flatnonzero(keep)]
             total = scores @ weights
             if baseline is not None:  # each row's reward less its prompt's expected reward, before this round
                 s["centred"] = total - np.repeat(baseline[group], g).astype(np.float32)
             drawn.append(s)
+            if self.replay is not None:
+                self._store(s, choice.indices, group)
+            if replayed is not None:  # each stored group a group of its own
+                extra = (overlong(replayed["lengths"]),) if shaping else ()
+                rs = np.concatenate([replayed["rewards"], *(x[:, None] for x in extra)], axis=1)
+                kept += [(len(drawn), i, rs[i * g:(i + 1) * g], (rounds, "replay", i)) for i in range(len(replayed["usable"]))]
+                drawn.append(replayed)
             if self.sampler.spec.needs_correctness:
                 counted = np.repeat(s["usable"], g)
                 self.sampler_state = samplers.check_state(self.sampler, self.sampler.update(
@@ -505,20 +556,23 @@ class Trainer:
         """Where each row of the rollout batch comes from (its index among the drawn rounds' rows, -1
         for the masked rows that pad a short batch), its advantage, its counted tokens (the completion
         length, 0 for a truncated one under `algorithm.mask_truncated`) and its prompt length. Host numpy,
-        the same on every process. Kept slots of one prompt of one round form one group."""
+        the same on every process. Kept slots of one prompt of one round form one group (a replayed
+        group, one of its own)."""
         alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
         source = np.full(self.rows, -1, np.int32)
         advantages = np.zeros(self.rows, np.float32)
         mask_lengths = np.zeros(self.rows, np.int32)
         prompt_lengths = np.ones(self.rows, np.int32)
+        offsets = np.cumsum([0] + [len(s["lengths"]) for s in drawn])  # rounds differ in rows where one replays
         for j, (r, i, _, _) in enumerate(kept):
             s, rows = drawn[r], slice(i * g, (i + 1) * g)
-            source[j * g:(j + 1) * g] = r * len(s["lengths"]) + np.arange(i * g, (i + 1) * g)
+            source[j * g:(j + 1) * g] = offsets[r] + np.arange(i * g, (i + 1) * g)
             mask_lengths[j * g:(j + 1) * g] = np.where(alg.mask_truncated & s["truncated"][rows], 0, s["lengths"][rows])
             prompt_lengths[j * g:(j + 1) * g] = s["prompt_lengths"][rows]
         n = len(kept) * g
         if n:
-            groups = np.unique([(r, k) for r, _, _, k in kept], axis=0, return_inverse=True)[1].reshape(-1)
+            ids = {}
+            groups = np.array([ids.setdefault(key, len(ids)) for _, _, _, key in kept])
             scores, w = np.concatenate([sc for _, _, sc, _ in kept]), weights
             if self.sampler.spec.baseline:  # the weighted total less the sampler's baseline (sum_then_normalize)
                 scores, w = np.concatenate([drawn[r]["centred"][i * g:(i + 1) * g] for r, i, _, _ in kept])[:, None], (1.0,)
@@ -543,6 +597,9 @@ class Trainer:
         return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
+        """The metrics of the rounds sampled now (replayed groups count only in groups/kept and replay/groups)."""
+        replays = sum("stored" in drawn[r] for r, _, _, _ in kept)
+        drawn = [s for s in drawn if "stored" not in s]
         lengths = np.concatenate([s["lengths"] for s in drawn])
         truncated = np.concatenate([s["truncated"] for s in drawn])
         total = np.concatenate([s["rewards"] @ np.asarray(self.cfg.reward.weights, np.float32) for s in drawn])
@@ -552,6 +609,7 @@ class Trainer:
             "groups/zero_variance_frac": float(1.0 - np.concatenate([s["informative"] for s in drawn]).mean()),
             "groups/kept": float(len(kept)),
             "groups/gen_rounds": float(rounds),
+            **({"replay/groups": float(replays)} if self.replay is not None else {}),
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
             **{f"completion/length_p{q}": float(np.percentile(lengths, q)) for q in (10, 50, 90)},
@@ -572,7 +630,7 @@ class Trainer:
 
     def rollout_histograms(self) -> dict[str, np.ndarray]:
         """The last rollout batch's weighted total rewards and completion lengths, every drawn row."""
-        drawn, w = self.last_rollout["drawn"], np.asarray(self.cfg.reward.weights, np.float32)
+        drawn, w = [s for s in self.last_rollout["drawn"] if "stored" not in s], np.asarray(self.cfg.reward.weights, np.float32)
         return {"reward/total": np.concatenate([s["rewards"] @ w for s in drawn]),
                 "completion/length": np.concatenate([s["lengths"] for s in drawn])}
 
@@ -693,8 +751,9 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
-        if self.sampler_state:  # replicated: every process holds the same
-            state["sampler"] = {k: jax.device_put(v, NamedSharding(self.mesh, P())) for k, v in self.sampler_state.items()}
+        for name, host in (("sampler", self.sampler_state), ("replay", self.replay or {})):
+            if host:  # replicated: every process holds the same
+                state[name] = {k: jax.device_put(v, NamedSharding(self.mesh, P())) for k, v in host.items()}
         if self.ref_params is not None and not self.cfg.lora.rank:  # a LoRA base is not saved: it is model_path
             state["ref"] = self.ref_params
         return state
@@ -719,5 +778,7 @@ class Trainer:
         self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
         self.ref_params = state.get("ref", self.ref_params)
         self.sampler_state = {k: sharding.gather(v) for k, v in state.get("sampler", {}).items()}
+        if self.replay is not None:
+            self.replay = {k: sharding.gather(v) for k, v in state["replay"].items()}
         self.step, self.position = meta["step"], meta["data_position"]
         self.optimizer_step = int(self.state.step)  # the one read of it

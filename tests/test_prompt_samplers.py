@@ -437,3 +437,65 @@ def test_spo_single_stream_through_the_trainer(tmp_path):
     np.testing.assert_allclose(t.sampler_state["alpha"][chosen] + t.sampler_state["beta"][chosen], 0.96 + 1, rtol=1e-6)
     with pytest.raises(ValueError, match="sampling.group_size=1: algorithm.advantage='group_std' needs at least 2"):
         trainer.Trainer(dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("grpo")), **MINE)
+
+
+# -- RePO ------------------------------------------------------------------------------------------
+
+def test_repo_pairs_a_fresh_slot_with_the_stored_group_once_there_is_one():
+    repo, stored = curricula.Repo(), np.zeros(10, bool)
+    stored[[3, 5]] = True
+    draw = Draw(10, prompts=5, group_size=2, seed=0, position=0, stored=stored)
+    choice = samplers.checked(repo, repo.choose({}, draw), draw)
+    order = samplers.batch_indices(10, 3, 0, 0)  # the uniform order at half the batch (and one single slot)
+    assert choice.indices.tolist() == order.tolist()
+    want_replay = [int(stored[i]) if k < 2 else 0 for k, i in enumerate(order)]
+    assert choice.replay.tolist() == want_replay
+    assert choice.samples.tolist() == [2 * (2 - r) if k < 2 else 2 for k, r in enumerate(want_replay)]
+    with pytest.raises(ValueError, match="replays prompt 4, which has no stored group"):
+        samplers.checked(repo, Choice(np.array([4, 5]), np.array([2, 4]), replay=np.array([1, 0])), draw)
+
+
+def test_a_replay_store_too_large_for_the_host_is_refused_with_its_estimate(monkeypatch):
+    monkeypatch.setattr(samplers, "host_memory", lambda: 2**30)
+    # 1e6 x 8 x (512 tokens x (4 + 4) bytes + length and finish reason 8 + 2 rewards x 4) + 4e6 = 32.9e9 bytes
+    with pytest.raises(ValueError, match=r"algorithm.sampler='repo' keeps each prompt's last group: 1000000 prompts x "
+                                         r"sampling.group_size=8 x sampling.max_new_tokens=512 tokens need about 30.64 "
+                                         r"GiB of host memory, more than 25% of this host's 1.0 GiB"):
+        samplers.replay_store(curricula.Repo(), 1_000_000, 8, 512, 2)
+    assert samplers.replay_store(curricula.Repo(), 16, 4, 4, 2)["tokens"].shape == (16, 4, 4)
+
+
+def test_repo_trains_on_the_stored_group_again_as_a_group_of_its_own(tmp_path):
+    """Two prompts, one a round: from the third step on, the round's prompt brings back its group of two
+    steps before, with the tokens, the sampler log-probs and the rewards it had then; its advantages are
+    its own group's."""
+    cfg = config(tmp_path, "repo")
+    t = trainer.Trainer(cfg, examples=SUMS[:2], held_out=SUMS[:4], rewards=MINE["rewards"])
+    assert cfg.algorithm.tis_level == "token"  # replayed rows are weighted as off-policy
+    for _ in range(2):
+        metrics, _ = t.train_step()
+        assert metrics["replay/groups"] == 0
+    first = {k: v.copy() for k, v in t.replay.items()}
+    choice = t.sampler.choose(t.sampler_state, t.draw())
+    (p,) = choice.indices
+    assert choice.replay.tolist() == [1] and first["stored"].tolist() == [1, 1]
+    batches, metrics = t.rollout_batch(jax.random.key(5))
+    assert metrics["replay/groups"] == 1 and metrics["groups/kept"] == 2
+    fresh, replayed = t.last_rollout["drawn"]
+    g, width = cfg.sampling.group_size, cfg.sampling.max_prompt_len
+    rows = slice(g, 2 * g)  # the kept slots: the fresh one, then the replayed one
+    tokens = np.concatenate([np.asarray(b.tokens) for b in batches])[rows, width:]
+    np.testing.assert_array_equal(tokens[:, :cfg.sampling.max_new_tokens - 1], first["tokens"][p][:, :-1])
+    sampler_logp = np.concatenate([np.asarray(b.sampler_logp) for b in batches])[rows]
+    np.testing.assert_array_equal(sampler_logp, first["logprobs"][p])
+    total = first["rewards"][p].astype(np.float64) @ [1.0, 0.5]
+    want = reference.group_std(cfg.algorithm.advantage, total, np.zeros(g, int), None)
+    np.testing.assert_allclose(t.last_rollout["advantages"][rows], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(t.replay["logprobs"][p], np.asarray(fresh["rollout"].logprobs)[:g])  # now the fresh one
+    ckpt = checkpoint.Checkpointer(tmp_path / "ck", 1, 1)
+    t.save(ckpt, force=True)
+    again = trainer.Trainer(cfg, examples=SUMS[:2], held_out=SUMS[:4], rewards=MINE["rewards"])
+    again.restore(ckpt, t.step)
+    ckpt.close()
+    for k in t.replay:
+        np.testing.assert_array_equal(again.replay[k], t.replay[k])

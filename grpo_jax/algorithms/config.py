@@ -124,6 +124,12 @@ class AlgorithmConfig:
                 f"AlgorithmConfig: sampler={self.sampler.name!r} subtracts its baseline from the weighted total reward, so "
                 f"reward_combine={self.reward_combine!r} (per-reward normalization) cannot apply; use 'sum_then_normalize'."
             )
+        if self.sampler.spec.replays and (self.dynamic_sampling or self.routing_replay == "sampler"):
+            raise ValueError(
+                f"AlgorithmConfig: sampler={self.sampler.name!r} trains on stored groups again; it takes neither "
+                "dynamic_sampling (a replayed group is always kept) nor routing_replay='sampler' (no routes are "
+                "stored): unset them, or use another sampler."
+            )
         if self.sampler.spec.allocates and spec.needs_groups:
             raise ValueError(
                 f"AlgorithmConfig: sampler={self.sampler.name!r} may give a prompt several slots of group_size "
@@ -221,3 +227,4 @@ preset("curriculum", "prime-rl difficulty pools", **_BASE, sampler="curriculum")
 preset("erpo", "ERPO 2511.04800", **_BASE, sampler="erpo", tis_level="token")
 preset("gdro", "GDRO 2601.19280", **_BASE, sampler="gdro")
 preset("spo", "SPO 2509.13232", **_BASE, advantage="spo", sampler="spo")
+preset("repo", "RePO 2506.09340", **_BASE, sampler="repo", tis_level="token")

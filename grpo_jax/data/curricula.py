@@ -1,6 +1,8 @@
 """Samplers that learn from each prompt's record of correct answers (`data.samplers`): which prompts to
-draw (VADE's Thompson sampling, a difficulty-pool curriculum, GDRO's bandit over difficulty bins), how
-many samples each gets (GDRO's square-root allocation) and how hot to sample them (ERPO)."""
+draw (VADE's Thompson sampling, a difficulty-pool curriculum, GDRO's bandit over difficulty bins, SPO's
+prioritized sampling), how many samples each gets (GDRO's square-root allocation), how hot to sample
+them (ERPO), each prompt's baseline (SPO's value tracker) and which stored groups to train on again
+(RePO)."""
 
 import dataclasses
 
@@ -274,3 +276,21 @@ class SpoTracker(SamplerParams):
 
     def observe(self, state, drift):
         return {**state, "clock": (state["clock"] + drift).astype(np.float32)}
+
+
+@sampler("repo", replays=True)
+@dataclasses.dataclass(frozen=True)
+class Repo(SamplerParams):
+    """RePO (arXiv 2506.09340) with its recency replay strategy: a round draws half as many prompts as it
+    has slots (the uniform order, at half the batch); each gets one fresh slot and, once it has a stored
+    group (its last sampled one), that group again as a second slot, off-policy (a second fresh slot
+    until then). A replayed group keeps advantages of its own, as RePO estimates on- and off-policy
+    advantages apart; the repo preset weighs it by token-level truncated importance ratios of the
+    policy to the one that sampled it (algorithm.tis_level)."""
+
+    def choose(self, state, draw):
+        pairs, single = divmod(draw.prompts, 2)
+        indices = batch_indices(draw.size, pairs + single, draw.seed, draw.position)
+        slots = np.r_[np.full(pairs, 2), np.ones(single, np.int64)]
+        replay = ((slots == 2) & draw.stored[indices]).astype(np.int64)
+        return Choice(indices, (slots - replay) * draw.group_size, replay=replay)

@@ -15,7 +15,11 @@ A sampler is a frozen dataclass of its parameters (`algorithm.sampler`), registe
 - registered with `baseline=True`, `baseline(state, indices)`: each prompt's expected reward, which the
   trainer subtracts from its samples' rewards before the advantage estimator (SPO's value tracker);
 - registered with `drift=True`, `observe(state, drift)`: after each step, how far its updates moved
-  the policy (the mean |log pi_new - log pi_old| over the step's counted tokens).
+  the policy (the mean |log pi_new - log pi_old| over the step's counted tokens);
+- registered with `replays=True`: the trainer keeps each prompt's last group of samples (tokens,
+  sampler log-probs, rewards; `Draw.stored` says whose: `replay_store`), and `Choice.replay` trains on a
+  stored group once more, as a group of its own (its advantages its own), off-policy: the rollout
+  correction (algorithm.tis_level) weighs it by the ratio of the policy to the one that sampled it.
 
 The default `uniform` is the shuffle of `data.batches` (a new permutation of the source each epoch, cut
 into consecutive batches), stateless. A fork adds a sampler in one file: a class and its line.
@@ -23,6 +27,7 @@ into consecutive batches), stateless. A fork adds a sampler in one file: a class
 
 import dataclasses
 import functools
+import os
 
 import grain
 import numpy as np
@@ -43,6 +48,7 @@ class Draw:
     seed: int  # train.seed
     position: int  # rounds drawn before this one (the run's data position)
     temperature: float = 1.0  # sampling.temperature
+    stored: np.ndarray | None = None  # bool [size], samplers with replays: prompts whose last group is kept
 
     def rng(self) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.position])
@@ -55,6 +61,9 @@ class Choice:
     # float [k]: each prompt's sampling temperature (its samples' log-probs are reported under it, so
     # the rollout correction, algorithm.tis_level, sees the difference); None: sampling.temperature
     temperatures: np.ndarray | None = None
+    # int [k], samplers with replays: 1 where the prompt's stored group is trained on again, as one more
+    # slot (its fresh slots, samples // group_size, may then be 0); fresh and replayed slots sum to prompts
+    replay: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Sampler:
     allocates: bool
     baseline: bool  # it defines baseline(state, indices)
     drift: bool  # it defines observe(state, drift)
+    replays: bool  # it may replay each prompt's stored last group (Choice.replay)
 
 
 SAMPLERS: Registry[Sampler] = Registry("sampler")
@@ -104,11 +114,11 @@ class SamplerParams(Params):
 
 
 def sampler(name: str, *, needs_correctness: bool = False, allocates: bool = False, baseline: bool = False,
-            drift: bool = False):
+            drift: bool = False, replays: bool = False):
     """Class decorator: registers the sampler `name` (a frozen dataclass subclassing SamplerParams)."""
     def register(cls):
         SAMPLERS.add(name, Sampler(SAMPLERS.params_class(name, cls, SamplerParams, cls.__module__), needs_correctness,
-                                   allocates, baseline, drift))
+                                   allocates or replays, baseline, drift, replays))
         return cls
 
     return register
@@ -129,10 +139,20 @@ def checked(params: SamplerParams, choice: Choice, draw: Draw) -> Choice:
         raise ValueError(f"{where} chose prompt index {int(bad[0])}, outside the train source's {draw.size} examples "
                          f"[0, {draw.size}); fix its choose()")
     g, rows = draw.group_size, draw.prompts * draw.group_size
-    if (samples < g).any() or (samples % g).any() or samples.sum() != rows:
+    replay = np.zeros(len(indices), np.int64) if choice.replay is None else np.asarray(choice.replay)
+    if replay.shape != indices.shape or not set(np.unique(replay).tolist()) <= {0, 1}:
+        raise ValueError(f"{where} gave replay {replay.tolist()}: one 0 or 1 per prompt; fix its choose()")
+    if replay.any() and not params.spec.replays:
+        raise ValueError(f"{where} replays stored groups, but it is registered without replays=True; register it with "
+                         "replays=True")
+    if replay.any() and (draw.stored is None or not draw.stored[indices[replay > 0]].all()):
+        raise ValueError(f"{where} replays prompt {int(indices[replay > 0][0])}, which has no stored group "
+                         "(Draw.stored); fix its choose()")
+    fresh = samples + replay * g
+    if (samples < 0).any() or (samples % g).any() or (fresh < g).any() or fresh.sum() != rows:
         raise ValueError(f"{where} gave samples {samples.tolist()}: each must be a positive multiple of "
-                         f"sampling.group_size={g}, and they must sum to train.prompts_per_step * group_size = {rows}; "
-                         "fix its choose()")
+                         f"sampling.group_size={g} (or 0 where it replays), and with the replayed groups they must sum "
+                         f"to train.prompts_per_step * group_size = {rows}; fix its choose()")
     if not params.spec.allocates and (samples != g).any():
         raise ValueError(f"{where} gave a prompt {int(samples.max())} samples, but it is registered without "
                          f"allocates=True (every prompt gets sampling.group_size={g}); register it with allocates=True")
@@ -144,7 +164,7 @@ def checked(params: SamplerParams, choice: Choice, draw: Draw) -> Choice:
         if temperatures.shape != indices.shape or not (np.isfinite(temperatures) & (temperatures >= MIN_TEMPERATURE)).all():
             raise ValueError(f"{where} gave temperatures {temperatures.tolist()}: one per prompt, finite and >= "
                              f"{MIN_TEMPERATURE}; fix its choose()")
-    return Choice(indices.astype(np.int64), samples.astype(np.int64), temperatures)
+    return Choice(indices.astype(np.int64), samples.astype(np.int64), temperatures, replay)
 
 
 def check_state(params: SamplerParams, state: State) -> State:
@@ -169,6 +189,31 @@ class Picked:
 
     def __getitem__(self, i: int) -> dict:
         return self.source[int(self.indices[i])]
+
+
+STORE_FRACTION = 0.25  # of the host's memory, at most, for the stored groups of a sampler with replays
+
+
+def host_memory() -> int:
+    """Bytes of this host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def replay_store(params: SamplerParams, size: int, group_size: int, max_new_tokens: int, rewards: int) -> State:
+    """The last group of samples of each of `size` prompts (tokens, sampler log-probs, lengths, finish
+    reasons, raw rewards; `stored` 1 once a prompt has one), or an error with the estimate where that
+    would take more than STORE_FRACTION of the host's memory."""
+    need = size * group_size * (8 * max_new_tokens + 8 + 4 * rewards) + 4 * size
+    if need > STORE_FRACTION * host_memory():
+        raise ValueError(f"algorithm.sampler={params.name!r} keeps each prompt's last group: {size} prompts x "
+                         f"sampling.group_size={group_size} x sampling.max_new_tokens={max_new_tokens} tokens need about "
+                         f"{need / 2**30:.2f} GiB of host memory, more than {STORE_FRACTION:.0%} of this host's "
+                         f"{host_memory() / 2**30:.1f} GiB: train on a smaller source (a file task), lower max_new_tokens "
+                         "or group_size, or use a sampler without replays")
+    g, t = (size, group_size), (size, group_size, max_new_tokens)
+    return {"tokens": np.zeros(t, np.int32), "logprobs": np.zeros(t, np.float32), "lengths": np.zeros(g, np.int32),
+            "truncated": np.zeros(g, np.int32), "rewards": np.zeros((*g, rewards), np.float32),
+            "stored": np.zeros(size, np.int32)}
 
 
 @functools.cache
