@@ -430,12 +430,13 @@ class Trainer:
         )
 
     def _store(self, s: dict, indices: np.ndarray, group: np.ndarray) -> None:
-        """Keeps the first slot of each prompt of a sampled round whose rewards are usable as its last group."""
+        """Keeps the first slot of each prompt of a sampled round whose rewards are usable (under `reuse`, and
+        hold a correct answer) as its last group."""
         g, store = self.cfg.sampling.group_size, self.replay
         tokens, logprobs = sharding.gather((s["rollout"].tokens, s["rollout"].logprobs))
         for e in np.unique(group):
             i = int(np.flatnonzero(group == e)[0])
-            if s["usable"][i]:
+            if s["usable"][i] and (not self.sampler.spec.reuse or s["correct"][i * g:(i + 1) * g].any()):
                 rows, p = slice(i * g, (i + 1) * g), indices[e]
                 store["tokens"][p], store["logprobs"][p], store["lengths"][p] = tokens[rows], logprobs[rows], s["lengths"][rows]
                 store["truncated"][p], store["rewards"][p], store["stored"][p] = s["truncated"][rows], s["rewards"][rows], 1
@@ -487,8 +488,10 @@ class Trainer:
         want = cfg.train.prompts_per_step
         shaping = alg.overlong_buffer_frac > 0
         weights = np.asarray(cfg.reward.weights + ((1.0,) if shaping else ()), np.float32)
+        # kept: one (rows, scores, group key) per slot of the batch; rows [G, 2]: (drawn round, row) of each
         kept, rounds, drawn, sample_time = [], 0, [], 0.0
         overlong = lambda lengths: np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))  # noqa: E731
+        slot = lambda r, i: np.stack([np.full(g, r), np.arange(i * g, (i + 1) * g)], 1)  # noqa: E731
         while True:
             t0 = time.perf_counter()
             draw = self.draw()
@@ -515,17 +518,33 @@ class Trainer:
             s["informative"], s["usable"] = (high > low)[group], usable[group]  # per slot, of its prompt's group
             keep = s["informative"] if alg.dynamic_sampling else np.ones(len(s["informative"]), bool)
             keep &= s["usable"]
-            kept += [(len(drawn), i, scores[i * g:(i + 1) * g], (rounds, group[i])) for i in np.flatnonzero(keep)]
+            start = len(kept)
+            kept += [(slot(len(drawn), i), scores[i * g:(i + 1) * g], (rounds, group[i])) for i in np.flatnonzero(keep)]
             total = scores @ weights
             if baseline is not None:  # each row's reward less its prompt's expected reward, before this round
                 s["centred"] = total - np.repeat(baseline[group], g).astype(np.float32)
             drawn.append(s)
+            if self.sampler.spec.reuse:  # a group with no correct answer borrows its prompt's stored one
+                solved = np.zeros(k, bool)
+                np.logical_or.at(solved, rows, s["correct"])
+                lacking = [e for e in np.unique(group) if not solved[e] and self.replay["stored"][choice.indices[e]]]
+                if lacking:
+                    lent = self._replayed(choice.indices[lacking])
+                    ls = np.concatenate([lent["rewards"], *((overlong(lent["lengths"])[:, None],) if shaping else ())], 1)
+                    for n, e in enumerate(lacking):
+                        j = next((j for j in range(start, len(kept)) if kept[j][2] == (rounds, e)), None)
+                        if j is not None:  # the first slot of its group, if kept: its last sample replaced
+                            q = n * g + int(np.flatnonzero(lent["correct"][n * g:(n + 1) * g])[0])
+                            rows_j, scores_j = kept[j][0].copy(), kept[j][1].copy()
+                            rows_j[-1], scores_j[-1] = (len(drawn), q), ls[q]
+                            kept[j] = (rows_j, scores_j, kept[j][2])
+                    drawn.append(lent)
             if self.replay is not None:
                 self._store(s, choice.indices, group)
             if replayed is not None:  # each stored group a group of its own
                 extra = (overlong(replayed["lengths"]),) if shaping else ()
                 rs = np.concatenate([replayed["rewards"], *(x[:, None] for x in extra)], axis=1)
-                kept += [(len(drawn), i, rs[i * g:(i + 1) * g], (rounds, "replay", i)) for i in range(len(replayed["usable"]))]
+                kept += [(slot(len(drawn), i), rs[i * g:(i + 1) * g], (rounds, "replay", i)) for i in range(len(replayed["usable"]))]
                 drawn.append(replayed)
             if self.sampler.spec.needs_correctness:
                 counted = np.repeat(s["usable"], g)
@@ -564,18 +583,19 @@ class Trainer:
         mask_lengths = np.zeros(self.rows, np.int32)
         prompt_lengths = np.ones(self.rows, np.int32)
         offsets = np.cumsum([0] + [len(s["lengths"]) for s in drawn])  # rounds differ in rows where one replays
-        for j, (r, i, _, _) in enumerate(kept):
-            s, rows = drawn[r], slice(i * g, (i + 1) * g)
-            source[j * g:(j + 1) * g] = offsets[r] + np.arange(i * g, (i + 1) * g)
-            mask_lengths[j * g:(j + 1) * g] = np.where(alg.mask_truncated & s["truncated"][rows], 0, s["lengths"][rows])
-            prompt_lengths[j * g:(j + 1) * g] = s["prompt_lengths"][rows]
+        for j, (rows, _, _) in enumerate(kept):
+            for q, (r, row) in enumerate(rows):
+                s = drawn[r]
+                source[j * g + q] = offsets[r] + row
+                mask_lengths[j * g + q] = 0 if alg.mask_truncated and s["truncated"][row] else s["lengths"][row]
+                prompt_lengths[j * g + q] = s["prompt_lengths"][row]
         n = len(kept) * g
         if n:
             ids = {}
-            groups = np.array([ids.setdefault(key, len(ids)) for _, _, _, key in kept])
-            scores, w = np.concatenate([sc for _, _, sc, _ in kept]), weights
+            groups = np.array([ids.setdefault(key, len(ids)) for _, _, key in kept])
+            scores, w = np.concatenate([sc for _, sc, _ in kept]), weights
             if self.sampler.spec.baseline:  # the weighted total less the sampler's baseline (sum_then_normalize)
-                scores, w = np.concatenate([drawn[r]["centred"][i * g:(i + 1) * g] for r, i, _, _ in kept])[:, None], (1.0,)
+                scores, w = np.array([drawn[r]["centred"][row] for rows, _, _ in kept for r, row in rows])[:, None], (1.0,)
             advantages[:n] = np.asarray(algorithms.compute_advantages(
                 alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w))
         return source, advantages, mask_lengths, prompt_lengths
@@ -597,8 +617,8 @@ class Trainer:
         return out
 
     def _rollout_metrics(self, drawn: list, kept: list, rounds: int, sample_time: float) -> dict:
-        """The metrics of the rounds sampled now (replayed groups count only in groups/kept and replay/groups)."""
-        replays = sum("stored" in drawn[r] for r, _, _, _ in kept)
+        """The metrics of the rounds sampled now (stored rows count only in groups/kept and replay/rows)."""
+        replays = sum("stored" in drawn[r] for rows, _, _ in kept for r, _ in rows)
         drawn = [s for s in drawn if "stored" not in s]
         lengths = np.concatenate([s["lengths"] for s in drawn])
         truncated = np.concatenate([s["truncated"] for s in drawn])
@@ -609,7 +629,7 @@ class Trainer:
             "groups/zero_variance_frac": float(1.0 - np.concatenate([s["informative"] for s in drawn]).mean()),
             "groups/kept": float(len(kept)),
             "groups/gen_rounds": float(rounds),
-            **({"replay/groups": float(replays)} if self.replay is not None else {}),
+            **({"replay/rows": float(replays)} if self.replay is not None else {}),
             "completion/length_mean": float(lengths.mean()),
             "completion/length_max": float(lengths.max()),
             **{f"completion/length_p{q}": float(np.percentile(lengths, q)) for q in (10, 50, 90)},
@@ -639,16 +659,16 @@ class Trainer:
         JSON-ready dict each (process 0 writes them: on several processes, its share of the rows)."""
         g, names = self.cfg.sampling.group_size, self.cfg.reward.names
         out = []
-        for j, (r, i, _, _) in enumerate(self.last_rollout["kept"]):
-            s = self.last_rollout["drawn"][r]
-            for row in range(i * g, (i + 1) * g):
+        for j, (rows, _, _) in enumerate(self.last_rollout["kept"]):
+            for q, (r, row) in enumerate(rows):
+                s = self.last_rollout["drawn"][r]
                 k = np.searchsorted(s["rows"], row)
                 if k == len(s["rows"]) or s["rows"][k] != row:
                     continue  # another process's row
                 out.append({
                     "prompt": s["texts"][k], "completion": s["completions"][k],
                     "rewards": dict(zip(names, s["rewards"][row].tolist())),
-                    "advantage": float(self.last_rollout["advantages"][j * g + row - i * g]),
+                    "advantage": float(self.last_rollout["advantages"][j * g + q]),
                     "length": int(s["lengths"][row]), "truncated": bool(s["truncated"][row]),
                 })
         return out

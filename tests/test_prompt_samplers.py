@@ -474,13 +474,13 @@ def test_repo_trains_on_the_stored_group_again_as_a_group_of_its_own(tmp_path):
     assert cfg.algorithm.tis_level == "token"  # replayed rows are weighted as off-policy
     for _ in range(2):
         metrics, _ = t.train_step()
-        assert metrics["replay/groups"] == 0
+        assert metrics["replay/rows"] == 0
     first = {k: v.copy() for k, v in t.replay.items()}
     choice = t.sampler.choose(t.sampler_state, t.draw())
     (p,) = choice.indices
     assert choice.replay.tolist() == [1] and first["stored"].tolist() == [1, 1]
     batches, metrics = t.rollout_batch(jax.random.key(5))
-    assert metrics["replay/groups"] == 1 and metrics["groups/kept"] == 2
+    assert metrics["replay/rows"] == 4 and metrics["groups/kept"] == 2
     fresh, replayed = t.last_rollout["drawn"]
     g, width = cfg.sampling.group_size, cfg.sampling.max_prompt_len
     rows = slice(g, 2 * g)  # the kept slots: the fresh one, then the replayed one
@@ -499,3 +499,55 @@ def test_repo_trains_on_the_stored_group_again_as_a_group_of_its_own(tmp_path):
     ckpt.close()
     for k in t.replay:
         np.testing.assert_array_equal(again.replay[k], t.replay[k])
+
+
+# -- AR3PO -----------------------------------------------------------------------------------------
+
+def test_ar3po_gives_hard_prompts_more_slots_by_hand():
+    ar3po = curricula.Ar3po(hard_slots=2)
+    state = ar3po.init(10)
+    order = samplers.batch_indices(10, 4, 0, 0)
+    state["hard"][order[:2]] = 1  # the first two candidates had no correct answer last time: two slots each
+    choice = ar3po.choose(state, Draw(10, 4, 2, 0, 0))
+    assert choice.indices.tolist() == order[:2].tolist() and choice.samples.tolist() == [4, 4]
+    state["hard"][:] = 0
+    state["hard"][order[3]] = 1  # the last would want two, one is left
+    assert ar3po.choose(state, Draw(10, 4, 2, 0, 0)).samples.tolist() == [2, 2, 2, 2]
+    new = ar3po.update(state, Results(order[:3], trials=np.array([2, 2, 0]), successes=np.array([0, 1, 0]),
+                                      rewards=np.zeros(3)))
+    assert new["hard"][order].tolist() == [1, 0, 0, 1]  # no trial: as it was
+
+
+def test_ar3po_lends_a_stored_correct_answer_to_a_group_with_none(tmp_path, monkeypatch):
+    """Step 1 (stubbed): every group holds a correct answer, so both prompts' groups are stored. Step 2
+    (the untrained policy: no correct answer): each group's last sample is its prompt's stored correct
+    answer, with the log-probs its sampler reported, and its advantages are those of the group so mixed."""
+    cfg = config(tmp_path, "ar3po")
+    t = trainer.Trainer(cfg, examples=SUMS[:2], held_out=SUMS[:4], rewards=MINE["rewards"])
+    real_sample, g = trainer.Trainer.sample, cfg.sampling.group_size
+
+    def first_right(self, examples, rng, sampling_cfg, temperatures=None):
+        s = real_sample(self, examples, rng, sampling_cfg, temperatures)
+        s["rewards"][::g, 0] = 1.0  # sample 0 of each group right
+        s["correct"] = s["rewards"][:, 0] >= 1.0
+        return s
+
+    monkeypatch.setattr(trainer.Trainer, "sample", first_right)
+    t.train_step()
+    monkeypatch.undo()
+    assert t.replay["stored"].tolist() == [1, 1] and t.sampler_state["hard"].tolist() == [0, 0]
+    stored = {k: v.copy() for k, v in t.replay.items()}
+    batches, metrics = t.rollout_batch(jax.random.key(3))
+    drawn, kept = t.last_rollout["drawn"], t.last_rollout["kept"]
+    assert not drawn[0]["correct"].any()  # the untrained policy
+    lent = [j for j, (rows, _, _) in enumerate(kept) if "stored" in drawn[rows[-1][0]]]
+    assert lent == [0, 1] and metrics["replay/rows"] == 2
+    sampler_logp = np.concatenate([np.asarray(b.sampler_logp) for b in batches])
+    for j in lent:  # the batch row of the slot's last sample carries a stored correct answer's log-probs
+        last = sampler_logp[j * g + g - 1]
+        same = [(p, q) for p in range(2) for q in range(g) if np.array_equal(stored["logprobs"][p][q], last)]
+        assert same and stored["rewards"][same[0]][0] == 1.0
+        total = kept[j][1].astype(np.float64) @ [1.0, 0.5]
+        want = reference.group_std(cfg.algorithm.advantage, total, np.zeros(g, int), None)
+        np.testing.assert_allclose(t.last_rollout["advantages"][j * g:(j + 1) * g], want, rtol=1e-5, atol=1e-6)
+        assert kept[j][1][-1][0] == 1.0  # the lent answer scores as correct

@@ -1,8 +1,8 @@
 """Samplers that learn from each prompt's record of correct answers (`data.samplers`): which prompts to
 draw (VADE's Thompson sampling, a difficulty-pool curriculum, GDRO's bandit over difficulty bins, SPO's
 prioritized sampling), how many samples each gets (GDRO's square-root allocation), how hot to sample
-them (ERPO), each prompt's baseline (SPO's value tracker) and which stored groups to train on again
-(RePO)."""
+them (ERPO), each prompt's baseline (SPO's value tracker), which stored groups to train on again (RePO) and
+whose correct answers to lend (AR3PO)."""
 
 import dataclasses
 
@@ -294,3 +294,36 @@ class Repo(SamplerParams):
         slots = np.r_[np.full(pairs, 2), np.ones(single, np.int64)]
         replay = ((slots == 2) & draw.stored[indices]).astype(np.int64)
         return Choice(indices, (slots - replay) * draw.group_size, replay=replay)
+
+
+@sampler("ar3po", needs_correctness=True, reuse=True)
+@dataclasses.dataclass(frozen=True)
+class Ar3po(SamplerParams):
+    """AR3PO (arXiv 2509.25808), its two techniques within a fixed batch. Adaptive rollout: candidates come
+    in the uniform order, and one whose last round had no correct answer gets `hard_slots` slots
+    (group_size samples each, one group), the others one, until the round's slots are spent: the
+    rollouts go to hard prompts, fewer prompts a round. (The paper samples in stages within a step,
+    stopping a prompt at its first correct answer; here a prompt's last round decides.) Response reuse:
+    the trainer keeps each prompt's last group with a correct answer, and a fresh group with none takes
+    that correct answer in place of its last sample, off-policy (the ar3po preset's token TIS weighs
+    it)."""
+
+    hard_slots: int = 2
+
+    def __post_init__(self):
+        self.check({"hard_slots": (self.hard_slots >= 1, "must be >= 1 (slots of group_size samples)")})
+
+    def init(self, size):
+        return {"hard": np.zeros(size, np.int32)}
+
+    def choose(self, state, draw):
+        candidates = batch_indices(draw.size, draw.prompts, draw.seed, draw.position)
+        want = np.where(state["hard"][candidates] > 0, self.hard_slots, 1)
+        slots = np.minimum(want, np.maximum(draw.prompts - np.cumsum(want) + want, 0))
+        return Choice(candidates[slots > 0], slots[slots > 0] * draw.group_size)
+
+    def update(self, state, results):
+        seen = results.trials > 0
+        hard = state["hard"].copy()
+        hard[results.indices[seen]] = results.successes[seen] == 0
+        return {"hard": hard}

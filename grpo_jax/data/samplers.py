@@ -19,7 +19,9 @@ A sampler is a frozen dataclass of its parameters (`algorithm.sampler`), registe
 - registered with `replays=True`: the trainer keeps each prompt's last group of samples (tokens,
   sampler log-probs, rewards; `Draw.stored` says whose: `replay_store`), and `Choice.replay` trains on a
   stored group once more, as a group of its own (its advantages its own), off-policy: the rollout
-  correction (algorithm.tis_level) weighs it by the ratio of the policy to the one that sampled it.
+  correction (algorithm.tis_level) weighs it by the ratio of the policy to the one that sampled it;
+  registered with `reuse=True` as well, only groups with a correct answer are kept, and a fresh group
+  with none takes the prompt's stored correct answer in place of its last sample (AR3PO).
 
 The default `uniform` is the shuffle of `data.batches` (a new permutation of the source each epoch, cut
 into consecutive batches), stateless. A fork adds a sampler in one file: a class and its line.
@@ -87,6 +89,7 @@ class Sampler:
     baseline: bool  # it defines baseline(state, indices)
     drift: bool  # it defines observe(state, drift)
     replays: bool  # it may replay each prompt's stored last group (Choice.replay)
+    reuse: bool  # the store keeps groups with a correct answer, lent to fresh groups with none
 
 
 SAMPLERS: Registry[Sampler] = Registry("sampler")
@@ -114,11 +117,11 @@ class SamplerParams(Params):
 
 
 def sampler(name: str, *, needs_correctness: bool = False, allocates: bool = False, baseline: bool = False,
-            drift: bool = False, replays: bool = False):
+            drift: bool = False, replays: bool = False, reuse: bool = False):
     """Class decorator: registers the sampler `name` (a frozen dataclass subclassing SamplerParams)."""
     def register(cls):
         SAMPLERS.add(name, Sampler(SAMPLERS.params_class(name, cls, SamplerParams, cls.__module__), needs_correctness,
-                                   allocates or replays, baseline, drift, replays))
+                                   allocates or replays or reuse, baseline, drift, replays or reuse, reuse))
         return cls
 
     return register
