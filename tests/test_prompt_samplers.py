@@ -102,6 +102,31 @@ def test_the_trainer_draws_the_rounds_of_data_batches_in_order(tmp_path, monkeyp
     assert seen == [[ex["prompt"] for ex in batches[p]] for p in range(len(seen))]
 
 
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_every_sampler_chooses_valid_rounds_from_a_checkpointable_state_purely(name):
+    """Registry-wide (a fork's sampler is tested here too): rounds that pass the trainer's checks, the same
+    choice for the same draw, state in float32 / int32 arrays, and no input modified in place."""
+    spec = SAMPLERS[name]
+    params, rng, size, g = spec.params(), np.random.default_rng(0), 12, 2
+    state = samplers.check_state(params, params.init(size))
+    stored = rng.random(size) < 0.5 if spec.replays else None
+    for position in range(6):
+        draw = Draw(size, prompts=4, group_size=g, seed=1, position=position, stored=stored)
+        given, before = state, {k: v.copy() for k, v in state.items()}
+        choice = samplers.checked(params, params.choose(state, draw), draw)
+        again = params.choose(state, draw)
+        assert np.array_equal(again.indices, choice.indices) and np.array_equal(again.samples, choice.samples)
+        trials = choice.samples
+        successes = rng.integers(0, trials + 1)
+        results = Results(choice.indices, trials, successes, successes.astype(np.float64))
+        if spec.baseline:
+            assert params.baseline(state, choice.indices).shape == choice.indices.shape
+        state = samplers.check_state(params, params.update(state, results))
+        if spec.drift:
+            state = samplers.check_state(params, params.observe(state, 0.01))
+        assert all(np.array_equal(given[k], v) for k, v in before.items())  # the state passed in: untouched
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 def test_bad_choices_are_refused_naming_the_sampler(registered):
