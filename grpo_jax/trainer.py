@@ -476,8 +476,10 @@ class Trainer:
                              None if self.replay is None else self.replay["stored"] > 0)
 
     def rollout_batch(self, rng) -> tuple[list[ts.Batch], dict]:
-        """Samples one rollout batch of `prompts_per_step` groups (DAPO dynamic sampling if enabled);
-        returns its `train.minibatches` minibatches (global arrays, without l^old) and the metrics.
+        """Samples one rollout batch of `prompts_per_step` slots of G samples, in rounds that
+        `algorithm.sampler` chooses (DAPO dynamic sampling if enabled); returns its `train.minibatches`
+        minibatches (global arrays, without l^old) and the metrics. A sampler with replays adds stored
+        groups (`_replayed`): as groups of their own, or (reuse) a correct answer lent to a group with none.
 
         A group is informative when its completions differ in correctness (0 < correct < G, the DAPO
         paper's condition), or, for a task without a correctness reward, in total reward; dynamic
@@ -490,7 +492,12 @@ class Trainer:
         weights = np.asarray(cfg.reward.weights + ((1.0,) if shaping else ()), np.float32)
         # kept: one (rows, scores, group key) per slot of the batch; rows [G, 2]: (drawn round, row) of each
         kept, rounds, drawn, sample_time = [], 0, [], 0.0
-        overlong = lambda lengths: np.asarray(algorithms.overlong_penalty(alg, lengths, cfg.sampling.max_new_tokens))  # noqa: E731
+        def columns(s):  # the reward columns the advantages read: with DAPO's overlong shaping, one more of weight 1
+            if not shaping:
+                return s["rewards"]
+            pen = np.asarray(algorithms.overlong_penalty(alg, s["lengths"], cfg.sampling.max_new_tokens))
+            return np.concatenate([s["rewards"], pen[:, None]], axis=1)
+
         slot = lambda r, i: np.stack([np.full(g, r), np.arange(i * g, (i + 1) * g)], 1)  # noqa: E731
         while True:
             t0 = time.perf_counter()
@@ -506,9 +513,7 @@ class Trainer:
             sample_time += time.perf_counter() - t0
             self.position += 1
             rounds += 1
-            scores = s["rewards"]
-            if shaping:  # one more reward column, of weight 1
-                scores = np.concatenate([scores, overlong(s["lengths"])[:, None]], axis=1)
+            scores = columns(s)
             signal = s["correct"].astype(np.float32) if s["correct"] is not None else scores @ weights
             k, rows = len(choice.indices), np.repeat(group, g)
             low, high, usable = np.full(k, np.inf, signal.dtype), np.full(k, -np.inf, signal.dtype), np.ones(k, bool)
@@ -530,7 +535,7 @@ class Trainer:
                 lacking = [e for e in np.unique(group) if not solved[e] and self.replay["stored"][choice.indices[e]]]
                 if lacking:
                     lent = self._replayed(choice.indices[lacking])
-                    ls = np.concatenate([lent["rewards"], *((overlong(lent["lengths"])[:, None],) if shaping else ())], 1)
+                    ls = columns(lent)
                     for n, e in enumerate(lacking):
                         j = next((j for j in range(start, len(kept)) if kept[j][2] == (rounds, e)), None)
                         if j is not None:  # the first slot of its group, if kept: its last sample replaced
@@ -542,8 +547,7 @@ class Trainer:
             if self.replay is not None:
                 self._store(s, choice.indices, group)
             if replayed is not None:  # each stored group a group of its own
-                extra = (overlong(replayed["lengths"]),) if shaping else ()
-                rs = np.concatenate([replayed["rewards"], *(x[:, None] for x in extra)], axis=1)
+                rs = columns(replayed)
                 kept += [(slot(len(drawn), i), rs[i * g:(i + 1) * g], (rounds, "replay", i)) for i in range(len(replayed["usable"]))]
                 drawn.append(replayed)
             if self.sampler.spec.needs_correctness:
