@@ -146,8 +146,9 @@ def check(cfg: Config) -> None:
         )
     need = algorithms.advantages.min_group_size(cfg.algorithm.advantage)
     if s.group_size < need:
-        raise ValueError(f"sampling.group_size={s.group_size}: algorithm.advantage={cfg.algorithm.advantage.name!r} needs "
-                         f"at least {need} samples per prompt")
+        raise ValueError(f"sampling.group_size={s.group_size}: group advantages need at least {need} samples per prompt "
+                         f"(algorithm.advantage={cfg.algorithm.advantage.name!r}); raise it, or use a group-free advantage "
+                         "(algorithm.preset=spo)")
 
 
 def check_prompts(cfg: Config, task: Task) -> None:

@@ -460,7 +460,8 @@ def test_spo_single_stream_through_the_trainer(tmp_path):
     chosen = t.sampler_state["seen_at"] == 0
     assert chosen.sum() == 4
     np.testing.assert_allclose(t.sampler_state["alpha"][chosen] + t.sampler_state["beta"][chosen], 0.96 + 1, rtol=1e-6)
-    with pytest.raises(ValueError, match="sampling.group_size=1: algorithm.advantage='group_std' needs at least 2"):
+    with pytest.raises(ValueError, match=r"sampling.group_size=1: group advantages need at least 2 samples per prompt "
+                                         r"\(algorithm.advantage='group_std'\)"):
         trainer.Trainer(dataclasses.replace(cfg, algorithm=algorithms.AlgorithmConfig.from_preset("grpo")), **MINE)
 
 
