@@ -253,6 +253,28 @@ def test_curriculum_pools_by_hand():
     assert len(set(cur.choose(state, Draw(8, 8, 2, 0, 0)).indices.tolist())) == 8
 
 
+def test_curriculum_pools_the_prompts_of_a_trainer_round(tmp_path, monkeypatch):
+    """A round whose first group is all correct and second all wrong moves those prompts to the easy and
+    hard pools; the next round, with fractions 0, draws neither."""
+    cfg = config(tmp_path, "curriculum")
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, sampler=curricula.Curriculum(
+        easy_fraction=0.0, hard_fraction=0.0)))
+    t = trainer.Trainer(cfg, **MINE)
+    real_sample, g = trainer.Trainer.sample, cfg.sampling.group_size
+
+    def first_right(self, examples, rng, sampling_cfg, temperatures=None):
+        s = real_sample(self, examples, rng, sampling_cfg, temperatures)
+        s["correct"] = np.arange(len(s["correct"])) < g  # the first group all right, the second all wrong
+        return s
+
+    monkeypatch.setattr(trainer.Trainer, "sample", first_right)
+    first = t.sampler.choose(t.sampler_state, t.draw()).indices
+    t.rollout_batch(jax.random.key(0))
+    assert t.sampler_state["pool"][first].tolist() == [curricula.EASY, curricula.HARD]
+    assert (t.sampler_state["pool"] == curricula.NORMAL).sum() == len(SUMS) - 2
+    assert not set(t.sampler.choose(t.sampler_state, t.draw()).indices.tolist()) & set(first.tolist())
+
+
 # -- through the trainer ---------------------------------------------------------------------------
 
 def test_a_prompt_given_two_slots_is_one_group(tmp_path, registered):
