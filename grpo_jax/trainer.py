@@ -549,7 +549,8 @@ class Trainer:
                 self._store(s, choice.indices, group)
             if replayed is not None:  # each stored group a group of its own
                 rs = columns(replayed)
-                kept += [(slot(len(drawn), i), rs[i * g:(i + 1) * g], (rounds, "replay", i)) for i in range(len(replayed["usable"]))]
+                kept += [(slot(len(drawn), i), rs[i * g:(i + 1) * g], (rounds, "replay", i))
+                         for i in range(len(replayed["usable"]))]
                 drawn.append(replayed)
             if self.sampler.spec.needs_correctness:
                 counted = np.repeat(s["usable"], g)

@@ -211,7 +211,8 @@ def test_vade_posterior_update_by_hand():
     evidence and add their successes and failures."""
     vade = curricula.Vade(prior_alpha=1.0, prior_beta=2.0, decay=0.25, forget=0.5)
     state = {"alpha": np.array([5, 1, 3, 9], np.float32), "beta": np.array([2, 6, 2, 4], np.float32)}
-    new = vade.update(state, Results(np.array([2, 0, 3]), trials=np.array([4, 8, 0]), successes=np.array([3, 0, 0]), rewards=np.zeros(3)))
+    new = vade.update(state, Results(np.array([2, 0, 3]), trials=np.array([4, 8, 0]), successes=np.array([3, 0, 0]),
+                                     rewards=np.zeros(3)))
     # after forgetting: alpha [3, 1, 2, 5], beta [2, 4, 2, 3]
     # prompt 2: alpha 1 + 0.25 (2 - 1) + 3 = 4.25, beta 2 + 0.25 (2 - 2) + 1 = 3
     # prompt 0: alpha 1 + 0.25 (3 - 1) + 0 = 1.5, beta 2 + 0.25 (2 - 2) + 8 = 10; prompt 3 has no trial

@@ -226,10 +226,10 @@ class SpoTracker(SamplerParams):
     """SPO's value tracker and prioritized sampling (arXiv 2509.13232; the authors' verl recipe). Each
     prompt keeps Beta pseudo-counts (alpha, beta), both `prior` at first; its baseline is
     v = alpha / (alpha + beta), subtracted from its samples' rewards before the `spo` advantage
-    standardizes them over the batch. After a round, alpha <- rho alpha + r and beta <- rho beta + (1 - r)
-    for each sample's weighted total reward r (for r in [0, 1] a discounted Beta posterior; for any r,
-    v is the discounted mean of the rewards, as alpha + beta does not depend on them), with rho = clip(2^(-D / `half_drift`), `rho_min`,
-    `rho_max`): the more the policy moved since the prompt was last seen (D), the faster its old
+    standardizes them over the batch. After a round, alpha <- rho alpha + sum r and beta <- rho beta +
+    sum (1 - r) over the prompt's samples' weighted total rewards r (for r in [0, 1] a discounted Beta
+    posterior; for any r, v is the discounted mean of the rewards, as alpha + beta does not depend on
+    them), with rho = clip(2^(-D / `half_drift`), `rho_min`, `rho_max`): the more the policy moved since the prompt was last seen (D), the faster its old
     evidence fades; a prompt never seen has D = 0. D here is the drift the trainer measured after each
     step (mean |log pi_new - log pi_old| over the step's tokens), summed over the steps since the
     prompt's last round; the recipe measures it on the prompt's own last sample instead. Rounds draw
