@@ -12,7 +12,7 @@ Where lengths can grow: the long_addition config's model on three-digit column a
 difficulty, so a change in the length of incorrect completions is not a change in which problems are
 wrong), up to 128 new tokens, three times a reference completion (33 to 41 tokens with eos). The warm
 start writes each column step again (a check) with probability CHECK per repeat, so the initial policy
-already varies its length, by 12 tokens on average (greedy decoding writes no check), and RL can move
+already varies its length, by 11 tokens on average and up to 66 (greedy decoding writes no check), and RL can move
 it either way: the exact reward reads only the sum after "#### ", so checks cost nothing but tokens.
 
 Arms, on the same data, compute and seeds: grpo (the grpo preset with beta = 0: Dr. GRPO has no KL
@@ -42,14 +42,15 @@ ARMS = {
     "gspo": ["algorithm.preset=gspo"],
     "gspo_token": ["algorithm.preset=gspo_token"],
 }
-CHECK = 0.3  # a written step is followed by a copy of itself (a check) with this probability, repeatedly
+CHECK = 0.3  # a written step is followed by a copy of itself (a check) with this probability, repeatedly,
+COPIES = 3  # up to this many copies: targets fit max_new_tokens (at most 107 tokens with eos)
 
 
 def written_with_checks(example: dict, rng: np.random.Generator) -> str:
-    """The written solution with each column step repeated a geometric number of times (mean 1 / (1 -
-    CHECK)): the same answer at many lengths."""
+    """The written solution with each column step written 1 to COPIES times (a geometric number, capped:
+    1 + CHECK + CHECK^2 on average): the same answer at many lengths."""
     *steps, answer = example["solution"].split(";")
-    return ";".join([s for s in steps for _ in range(rng.geometric(1 - CHECK))] + [answer])
+    return ";".join([s for s in steps for _ in range(min(rng.geometric(1 - CHECK), COPIES))] + [answer])
 
 
 def growth(key: str):

@@ -208,8 +208,8 @@ def test_length_bias(tmp_path):
     for ex, t in zip(examples, targets):
         assert functions.exact_match(ex["prompt"], t, ex) == 1.0 and ex["digits"] == 3
         assert list(dict.fromkeys(t.split(";"))) == ex["solution"].split(";")  # the steps in order, each repeated
-    steps = np.array([len(t.split(";")) - 1 for t in targets])  # a geometric number of copies per step, mean 1 / 0.7
-    assert steps.min() == 3 and abs(steps.mean() / 3 - 1 / (1 - length_bias.CHECK)) < 0.1 and steps.max() >= 6
+    steps = np.array([len(t.split(";")) - 1 for t in targets])  # 1 to 3 copies per step, 1 + 0.3 + 0.09 on average
+    assert steps.min() == 3 and abs(steps.mean() / 3 - 1.39) < 0.1 and steps.max() >= 7 and steps.max() <= 9
     # The per-correctness lengths the trainer logs split the mean length: acc * L_c + (1 - acc) * L_i = L.
     for arm in s.arms:
         for seed in map(str, SEEDS):
