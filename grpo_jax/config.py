@@ -19,6 +19,7 @@ import typing
 
 from grpo_jax.algorithms.config import PARTS, AlgorithmConfig
 from grpo_jax.data.datasets import FileTaskConfig, TfdsTaskConfig  # noqa: F401  (re-export)
+from grpo_jax.data.hf import HFTaskConfig, MixtureTaskConfig, Part  # noqa: F401  (re-export)
 from grpo_jax.data.reasoning import ColumnAdditionConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
@@ -286,7 +287,8 @@ def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None
 
 def flatten(cfg) -> dict:
     """A config as flat {"train.steps": 100, ...} with JSON values (tuples as lists): what a checkpoint
-    stores, and what `resume_changes` compares. A task appears by name too ("task": "countdown")."""
+    stores, and what `resume_changes` compares. A task appears by name too ("task": "countdown"); a tuple of
+    dataclasses by index ("task.parts.0.name")."""
     def walk(obj, prefix):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
@@ -294,6 +296,9 @@ def flatten(cfg) -> dict:
                 yield f"{prefix}{f.name}", task_name(value) if isinstance(value, TaskConfig) else value.name
             if dataclasses.is_dataclass(value):
                 yield from walk(value, f"{prefix}{f.name}.")
+            elif isinstance(value, tuple) and value and all(dataclasses.is_dataclass(v) for v in value):
+                for i, v in enumerate(value):  # e.g. a mixture's parts: task.parts.0.weight
+                    yield from walk(v, f"{prefix}{f.name}.{i}.")
             else:
                 yield f"{prefix}{f.name}", list(value) if isinstance(value, tuple) else value
 

@@ -422,10 +422,11 @@ class Trainer:
         metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
         lengths, truncated, prompt_lengths = sharding.gather((rollout.lengths, rollout.truncated, row_prompts.lengths))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
+        names = data.source_names(examples)  # a mixture's part of each row, for its metrics
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
             rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, metrics=metrics,
-            generate_s=generate_s,
+            generate_s=generate_s, sources=None if names is None else np.repeat(names, g),
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
@@ -652,6 +653,14 @@ class Trainer:
                     m[f"completion/length_{name}"] = float(lengths[rows].mean())
         for s in drawn[:1]:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
+        if drawn[0].get("sources") is not None:  # a mixture: each part's rows (data.hf)
+            names = np.concatenate([s["sources"] for s in drawn])
+            for name in np.unique(names):
+                rows = names == name
+                m[f"reward/mean@{name}"] = float(total[rows].mean())
+                m[f"completion/length_mean@{name}"] = float(lengths[rows].mean())
+                if "accuracy" in m:
+                    m[f"accuracy@{name}"] = float(correct[rows].mean())
         return m
 
     def rollout_histograms(self) -> dict[str, np.ndarray]:

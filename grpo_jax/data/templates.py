@@ -2,8 +2,9 @@
 
 A plain template is a format string over the example's fields, with "{question}" standing for its
 "prompt" (the question text). A chat template wraps that text as a user turn (after an optional
-system turn) and hands the messages to `apply_chat_template`, the tokenizer's method
-(grpo_jax/tokenizer.py), passed in as a callable so this module depends on no tokenizer.
+system turn and the example's earlier chat turns, its "messages", if it has any) and hands the
+messages to `apply_chat_template`, the tokenizer's method (grpo_jax/tokenizer.py), passed in as a
+callable so this module depends on no tokenizer.
 """
 
 import dataclasses
@@ -35,11 +36,13 @@ def render(template: PromptTemplate, example: dict, apply_chat_template: ChatTem
         user = template.text.format(**{**example, "question": example["prompt"]})
     except KeyError as e:
         raise ValueError(f"PromptTemplate.text refers to {e}, which the example lacks (keys: {sorted(example)})") from e
+    history = example.get("messages", [])
     if not template.chat:
+        if history:
+            raise ValueError("the example has earlier chat turns ('messages'), which a plain template drops; set "
+                             "PromptTemplate.chat=True")
         return user
     if apply_chat_template is None:
         raise ValueError("PromptTemplate.chat=True needs apply_chat_template (the tokenizer has no chat template?)")
-    messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
-        {"role": "user", "content": user}
-    ]
-    return apply_chat_template(messages)
+    system = [{"role": "system", "content": template.system}] if template.system else []
+    return apply_chat_template(system + history + [{"role": "user", "content": user}])
