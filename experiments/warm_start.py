@@ -41,10 +41,15 @@ class WarmStart:
     target: Callable[[dict, np.random.Generator], str] = answer_only  # completion text of an example
 
 
+WIDTH_STEP = 16  # batch widths are rounded up to a multiple of this: a few compiled shapes, little padding
+
+
 def sft_batches(cfg: Config, ws: WarmStart, tok, mesh):
     """Endless (tokens, positions, segment_ids, mask) batches of prompt + target + eos, as global arrays:
     each process builds the rows its devices hold (row r of batch i: example r, its target drawn with
-    a generator seeded by (seed, i, r))."""
+    a generator seeded by (seed, i, r)). A batch is as wide as its longest prompt and its longest target
+    (over every process), not the sampler's max_prompt_len and max_new_tokens: the padding left out
+    would cost compute and change nothing (causal attention; the loss reads only the targets)."""
     seed = cfg.train.seed + 1
     batches = data.batches(trainer.build_task(cfg).train, batch_size=ws.batch_size, seed=seed)
     rows = sharding.process_rows(mesh, ws.batch_size)
@@ -57,9 +62,11 @@ def sft_batches(cfg: Config, ws: WarmStart, tok, mesh):
         if max(map(len, targets)) > new:
             raise ValueError(f"a warm-start target has {max(map(len, targets))} tokens with eos > "
                              f"sampling.max_new_tokens={new}: raise it or shorten WarmStart.target")
-        completions = np.array([t + [0] * (new - len(t)) for t in targets], np.int32)
+        longest = sharding.gather(np.array([[prompts.lengths.max(), max(map(len, targets))]])).max(0)
+        p, c = (min(-(-int(n) // WIDTH_STEP) * WIDTH_STEP, cap) for n, cap in zip(longest, (cfg.sampling.max_prompt_len, new)))
+        completions = np.array([t + [0] * (c - len(t)) for t in targets], np.int32)
         mask = (completions > 0).astype(np.float32)
-        local = (*ts.sequences(prompts.tokens, prompts.lengths, completions), mask)
+        local = (*ts.sequences(prompts.tokens[:, -p:], prompts.lengths, completions), mask)
         yield sharding.global_batch(local, mesh, ws.batch_size)
 
 

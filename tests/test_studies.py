@@ -23,6 +23,7 @@ import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
 import preset_table  # noqa: E402
 import study  # noqa: E402
+import warm_start  # noqa: E402
 
 STEPS, SEEDS = 2, (0,)
 
@@ -354,3 +355,29 @@ def test_learning_rates_are_chosen_per_arm_and_followed():
     assert study.evaluated_arms(s, chosen)["grpo_hot"].optim.learning_rate == pytest.approx(3e-4)
     with pytest.raises(ValueError, match="rate_from\\['grpo_hot'\\] = 'gspo_hot'"):
         dataclasses.replace(s, rate_from={"grpo_hot": ("gspo_hot", 2.0)})
+
+
+def test_warm_start_batches_are_as_wide_as_their_longest_rows():
+    """A warm-start batch drops the padding beyond its longest prompt and target (rounded up to
+    WIDTH_STEP): the target log-probs equal those of the same rows at the sampler's full widths."""
+    from configs.long_addition import get_config
+
+    from grpo_jax import models, sharding, trainer
+    from grpo_jax import train_step as ts
+
+    cfg = get_config()
+    mesh = sharding.make_mesh(cfg.mesh)
+    ws = dataclasses.replace(gspo_vs_grpo.WARM_START, batch_size=8)
+    tokens, positions, segments, mask = map(np.asarray, next(warm_start.sft_batches(cfg, ws, trainer.build_task(cfg).tokenizer, mesh)))
+    c = mask.shape[1]
+    p = tokens.shape[1] - c
+    P, C = cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens
+    assert p % warm_start.WIDTH_STEP == 0 and c % warm_start.WIDTH_STEP == 0 and (p, c) < (P, C)
+    step = warm_start.WIDTH_STEP  # the longest prompt and target each fit with less than a step to spare
+    assert p - step < segments[:, :p].sum(1).max() <= p and c - step < mask.sum(1).max() <= c
+    left, right = np.zeros((8, P - p), np.int32), np.zeros((8, C - c), np.int32)
+    full = [np.concatenate([left, x[:, :p], x[:, p:], right], 1) for x in (tokens, positions, segments)]
+    params = models.init(cfg.model, jax.random.key(0))
+    trimmed, _ = ts.completion_logprobs(cfg.model, 1.0, params, tokens, positions, segments, mask, False)
+    padded, _ = ts.completion_logprobs(cfg.model, 1.0, params, *full, np.concatenate([mask, right.astype(np.float32)], 1), False)
+    np.testing.assert_allclose(np.asarray(trimmed) * mask, np.asarray(padded)[:, :c] * mask, atol=1e-5)
