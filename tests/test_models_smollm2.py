@@ -85,3 +85,41 @@ def test_smollm2_greedy_decode_with_cache_matches_transformers(smollm2, batch):
             pad_token_id=int(tokens[0, 0]),
         )[:, tokens.shape[1] :].numpy()
     np.testing.assert_array_equal(np.stack(out, 1), ref)
+
+
+def test_smollm2_on_the_gsm8k_fixture_greedy_as_transformers_generates_and_pass_at_k_from_the_records(smollm2, tmp_path):
+    """python -m grpo_jax.evaluate's harness on real weights: the GSM8K fixture in its hub format, chat
+    template, 3 problems padded to the 8 devices; greedy completions equal transformers' generate token
+    for token (same length, eos included, and text); n = 4 samples whose pass@k the records give."""
+    import math
+
+    from grpo_jax import evaluate as ev
+    from grpo_jax.config import HFTaskConfig, SamplingConfig
+    from grpo_jax.data import PromptTemplate
+
+    gsm8k = HFTaskConfig(path=str(pathlib.Path(__file__).parent / "fixtures" / "gsm8k_tiny.jsonl"), prompt="question",
+                         answer_format="gsm8k")
+    chat, new = PromptTemplate(chat=True), 16
+    cfg = ev.EvalConfig(benchmarks=(
+        ev.Benchmark("greedy", gsm8k, split="train", size=3, template=chat,
+                     sampling=SamplingConfig(max_prompt_len=128, max_new_tokens=new, group_size=1, greedy=True)),
+        ev.Benchmark("sampled", gsm8k, split="train", size=3, template=chat, ks=(1, 2, 4),
+                     sampling=SamplingConfig(max_prompt_len=128, max_new_tokens=new, group_size=4, temperature=0.8)),
+    ), reward_workers=0)
+    result = ev.evaluate(cfg, hf=str(smollm2), out=tmp_path)
+    tok = tokenizer.load(smollm2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    for record in result["benchmarks"]["greedy"]["records"]:
+        ids = torch.tensor([tok.encode(record["prompt"])])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=tok.pad_id)[0, ids.shape[1]:].tolist()
+        out = out[:out.index(eos) + 1] if eos in out else out  # our completions keep the eos they emit
+        (sample,) = record["samples"]
+        assert (sample["length"], sample["completion"]) == (len(out), tok.decode(out))
+    s = result["benchmarks"]["sampled"]
+    assert [r["index"] for r in s["records"]] == [0, 1, 2] and s["metrics"] == ev.metrics(s["records"], 4, (1, 2, 4))
+    c = [sum(x["correct"] for x in r["samples"]) for r in s["records"]]
+    for k in (1, 2, 4):  # the unbiased estimator by binomials, from the records alone
+        assert s["metrics"][f"pass@{k}"] == pytest.approx(np.mean([1 - math.comb(4 - ci, k) / math.comb(4, k) for ci in c]))
