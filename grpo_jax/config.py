@@ -150,6 +150,10 @@ class TrainConfig:
     # Sampled completions per held-out prompt: eval/accuracy_sampled is their mean (avg@n), and
     # eval/pass@k (k = 2, 4, ..., n) the unbiased pass@k. The greedy completion is evaluated besides.
     eval_samples: int = 1
+    # A benchmarks file (its get_config() returns a grpo_jax.evaluate.EvalConfig), evaluated besides at every
+    # evaluation (also of a run without a held-out set) by the harness of `python -m grpo_jax.evaluate`:
+    # eval/NAME/avg@n, eval/NAME/pass@k, eval/NAME/maj@k per benchmark and eval/mean/... ("": none).
+    eval_benchmarks: str = ""
     log_completions_every: int = 0  # write the step's completions to completions.jsonl every N steps (0: never)
     out_dir: str = "runs/default"
     checkpoint_every: int = 50
@@ -310,7 +314,7 @@ def flatten(cfg) -> dict:
 # algorithm, optimizer, rewards) would continue a different run on this one's state and is refused.
 # Mesh and kernel choices keep the math but not the rounding: the continuation matches to float tolerance.
 RESUMABLE = (
-    "train.eval_every", "train.eval_prompts", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.eval_every", "train.eval_prompts", "train.eval_benchmarks", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "train.compare_routes", "train.report_to", "mesh.", "reward.num_workers", "reward.timeout_s",
     "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",

@@ -172,11 +172,12 @@ def use_compilation_cache(path: str) -> str:
 
 def train(cfg: Config, params=None, **data) -> dict:
     """Runs (or resumes) a whole RL run; returns the first and last evaluation (None without a held-out
-    set), the wall time, the checkpointed step it resumed from (None: a fresh run) and the final params. `data`: examples, held_out and rewards passed in code
+    set or `train.eval_benchmarks`), the wall time, the checkpointed step it resumed from (None: a fresh run) and the final params. `data`: examples, held_out and rewards passed in code
     (`trainer.Trainer`). Compiled programs are cached in `train.compilation_cache_dir` (on by default;
     use_compilation_cache)."""
     start = time.perf_counter()
     use_compilation_cache(cfg.train.compilation_cache_dir)
+    benchmarks = load_benchmarks(cfg)
     t = trainer.Trainer(cfg, params, **data)
     cfg, tr = t.cfg, t.cfg.train
     out = pathlib.Path(tr.out_dir)
@@ -188,7 +189,8 @@ def train(cfg: Config, params=None, **data) -> dict:
             check_resume(ckpt.read_meta(resume)["config"], cfg, ckpt.directory, DIVERGED_MAY_CHANGE if diverged else ())
             t.restore(ckpt, resume)
         if t.step < tr.steps:
-            first, last = _run(t, ckpt, run_logging.MetricsLogger(out, tr.steps, resume, start, tr.report_to, flatten(cfg)))
+            logger = run_logging.MetricsLogger(out, tr.steps, resume, start, tr.report_to, flatten(cfg))
+            first, last = _run(t, ckpt, logger, benchmarks)
         else:
             print(f"run complete: {ckpt.directory} holds step {t.step} of train.steps={tr.steps}; nothing to do")
             history = run_logging.read_rows(out / "metrics.jsonl")
@@ -217,24 +219,61 @@ def check_resume(saved: dict, cfg: Config, directory: pathlib.Path, also: tuple[
         )
 
 
-def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.MetricsLogger) -> tuple:
-    """The steps from `t.step` to the end; returns (first, last) evaluations. Saves only between steps."""
+def load_benchmarks(cfg: Config) -> tuple | None:
+    """`train.eval_benchmarks`: (its EvalConfig, its problem sets checked and encoded), before any weight
+    loads or anything compiles (`evaluate.load_problems`); None without one."""
+    path = cfg.train.eval_benchmarks
+    if not path:
+        return None
+    from grpo_jax import evaluate, sharding
+    from grpo_jax.train import load_config
+
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"train.eval_benchmarks={path}: no such file; give a file whose get_config() returns "
+                                "a grpo_jax.evaluate.EvalConfig, or ''")
+    trainer.check(cfg)
+    bench = load_config(path, evaluate.EvalConfig)
+    return bench, evaluate.load_problems(bench, bench.benchmarks, trainer.model_config(cfg), trainer.load_tokenizer(cfg),
+                                         sharding.make_mesh(cfg.mesh))
+
+
+def evaluate_benchmarks(t: trainer.Trainer, benchmarks: tuple) -> dict[str, float]:
+    """The rates of `load_benchmarks`' sets under the policy now: eval/NAME/avg@n, pass@k, maj@k, and eval/mean/..."""
+    from grpo_jax import evaluate
+
+    bench, sets = benchmarks
+    per = {name: b["metrics"] for name, b in evaluate.run_benchmarks(
+        bench, sets, t.cfg.model, t.policy_params, t.task.tokenizer, t.mesh).items()}
+    rows = {**per, "mean": evaluate.mean_row(per)}
+    return {f"eval/{name}/{k}": v for name, m in rows.items() for k, v in m.items() if "@" in k}
+
+
+def _run(t: trainer.Trainer, ckpt: checkpoint.Checkpointer, logger: run_logging.MetricsLogger,
+         benchmarks: tuple | None = None) -> tuple:
+    """The steps from `t.step` to the end; returns (first, last) evaluations (the held-out set's and
+    `benchmarks`'). Saves only between steps."""
     tr = t.cfg.train
     first = _evals(logger.history[0]) if logger.history else None
     last = None
     updates_per_step = t.cfg.algorithm.num_iterations * tr.minibatches
     skips, idle = SkipWatch(tr.max_skipped_steps * updates_per_step), IdleWatch(tr.max_skipped_steps)
+    held_out = t.task.held_out is not None
+
+    def evaluation() -> tuple[dict, list | None]:
+        out, examples = t.evaluate_examples() if held_out else ({}, None)
+        return {**out, **(evaluate_benchmarks(t, benchmarks) if benchmarks else {})}, examples
+
     with Interrupts() as interrupts:
         try:
-            if t.step == 0 and not logger.history and t.task.held_out is not None:
-                first = t.evaluate()
+            if t.step == 0 and not logger.history and (held_out or benchmarks):
+                first = evaluation()[0]
                 logger.log(0, first)
             while t.step < tr.steps and not interrupts.requested():
                 metrics, updates = t.train_step()
-                if t.task.held_out is not None and (t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0)):
-                    last, examples = t.evaluate_examples()
+                if (held_out or benchmarks) and (t.step == tr.steps or (tr.eval_every and t.step % tr.eval_every == 0)):
+                    last, examples = evaluation()
                     metrics.update(last)
-                    if t.step == tr.steps:
+                    if t.step == tr.steps and held_out:
                         logger.write_held_out(t.step, examples)
                 if tr.log_completions_every and t.step % tr.log_completions_every == 0:
                     logger.log_completions(t.step, t.completion_records())

@@ -182,3 +182,34 @@ def test_k_above_n_and_a_mismatched_hf_directory_are_refused(tmp_path, monkeypat
                                       sampling=SamplingConfig(max_prompt_len=96, max_new_tokens=2)),), reward_workers=0)
     with pytest.raises(ValueError, match=r"tensor model.layers.0.mlp.\w+_proj.weight has shape .*, expected .* from config.json"):
         ev.evaluate(cfg, hf=str(tmp_path / "hf"), out=tmp_path / "out")
+
+
+def test_a_run_evaluates_its_benchmarks_file_at_every_evaluation_as_the_cli_does(tmp_path):
+    """train.eval_benchmarks: the harness of python -m grpo_jax.evaluate inside the run, beside the held-out
+    set's metrics (their names unchanged); its last rates equal the CLI's on the saved last step."""
+    import textwrap
+
+    from grpo_jax import run
+    from grpo_jax.logging import read_rows
+    from grpo_jax.train import load_config
+
+    path = tmp_path / "bench.py"
+    path.write_text(textwrap.dedent("""
+        from grpo_jax.config import ArithmeticConfig, SamplingConfig
+        from grpo_jax.evaluate import Benchmark, EvalConfig
+
+        def get_config():
+            return EvalConfig(reward_workers=0, benchmarks=(
+                Benchmark("arith7", ArithmeticConfig(), size=7, reward="test_evaluate_has_number", ks=(2,),
+                          sampling=SamplingConfig(max_prompt_len=8, max_new_tokens=4, group_size=2)),))
+    """))
+    cfg = override(run_config(tmp_path / "run"), [f"train.eval_benchmarks={path}", "train.eval_every=1"])
+    result = run.train(cfg)
+    rows = {r["step"]: r for r in read_rows(tmp_path / "run" / "metrics.jsonl")}
+    keys = {"eval/arith7/avg@n", "eval/arith7/pass@2", "eval/arith7/maj@2", "eval/mean/avg@n", "eval/accuracy_greedy"}
+    assert all(keys <= set(rows[step]) for step in (0, 1, 2))
+    again = ev.evaluate(load_config(path, ev.EvalConfig), run=cfg, step=2, out=tmp_path / "again")
+    assert {k: result["last_eval"][f"eval/arith7/{k}"] for k in ("avg@n", "pass@2", "maj@2")} == {
+        k: again["benchmarks"]["arith7"]["metrics"][k] for k in ("avg@n", "pass@2", "maj@2")}
+    with pytest.raises(FileNotFoundError, match="train.eval_benchmarks=.*no such file"):
+        run.train(override(cfg, [f"train.eval_benchmarks={tmp_path / 'none.py'}"]))
