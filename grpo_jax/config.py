@@ -52,9 +52,15 @@ class MeshConfig:
     # does not divide, an optimizer leaf that matches no parameter). Any such bytes warn; more fail the
     # run before it compiles. 1: never fail. Norm scales and step counts never count.
     max_replicated_fraction: float = 0.1
+    # Devices of a sampler mesh of their own (0: the sampler runs on the trainer's mesh). Each process
+    # gives its first sampler / process_count local devices to the sampler, the rest to the trainer, so
+    # the two meshes are disjoint by construction; the sampler mesh splits rows only (each of its devices
+    # holds the whole weights). After each step the trained params move to it (sharding.to_mesh).
+    sampler: int = 0
 
     def __post_init__(self):
         _check("MeshConfig", {
+            "sampler": (self.sampler >= 0, "must be >= 0 (devices of the sampler's own mesh; 0: share the trainer's)"),
             "max_replicated_fraction": (0 <= self.max_replicated_fraction <= 1,
                                         "must be in [0, 1] (the share of the train state's bytes; 1: never fail)"),
         }, self)
@@ -190,9 +196,16 @@ class TrainConfig:
     # Trackers that also get every logged row's scalars, by package name (grpo_jax.logging.TRACKERS: "wandb");
     # metrics.jsonl and TensorBoard are always written.
     report_to: tuple[str, ...] = ()
+    # Bounded staleness (asynchronous RL): the rollout of step t is sampled with the params of step
+    # max(0, t - k) while the trainer runs the steps between (on one mesh by JAX's async dispatch, or on
+    # mesh.sampler). l^old is taken under those params, so the loss's ratio sees the staleness and
+    # the rollout correction the sampler/trainer numerics. 0: the synchronous loop.
+    max_staleness: int = 0
 
     def __post_init__(self):
         _check("TrainConfig", {
+            "max_staleness": (self.max_staleness >= 0, "must be >= 0 (0: the synchronous loop; k: rollouts sampled "
+                              "with params up to k steps old)"),
             "steps": (self.steps >= 1, "must be >= 1"),
             "seed": (0 <= self.seed < 2**32, "must be in [0, 2**32) (it seeds a uint32 JAX random key); pick another seed"),
             "rollout_seed": (self.rollout_seed is None or 0 <= self.rollout_seed < 2**32,
@@ -272,6 +285,21 @@ class Config:
             if any(abs(x) > FLOAT32_MAX for x in floats):
                 raise ValueError(f"Config.{key}={value!r} overflows float32 (|x| <= {FLOAT32_MAX:.8g}), as which it "
                                  "reaches the device: lower it")
+        alg = self.algorithm
+        if self.train.max_staleness and not alg.loss.spec.ratio and alg.tis_level is None:
+            raise ValueError(
+                f"train.max_staleness={self.train.max_staleness} trains on samples of older params, but "
+                f"algorithm.loss={alg.loss.name!r} has no importance ratio and algorithm.tis_level is None: REINFORCE on "
+                "stale samples is off-policy, uncorrected; set algorithm.tis_level='token' (or 'sequence'), use a ratio "
+                "loss (e.g. ppo_clip), or train.max_staleness=0"
+            )
+        if self.train.max_staleness and alg.sampler.spec.drift:
+            raise ValueError(f"train.max_staleness={self.train.max_staleness} samples rounds before the drift that "
+                             f"algorithm.sampler={alg.sampler.name!r} learns from is measured: use train.max_staleness=0 "
+                             "or another sampler")
+        if self.mesh.sampler and self.train.packing:
+            raise ValueError("mesh.sampler gives the sampler its own devices, where the l^old forward of train.packing's "
+                             "layout (planned for the trainer's devices) cannot run: set train.packing=False or mesh.sampler=0")
         if self.model is not None:
             check_routing_replay(self.algorithm, self.model)
             if self.train.compare_routes and not any(self.model.moe_layers):

@@ -95,6 +95,56 @@ def make_mesh(cfg: MeshShape, devices: list[jax.Device] | None = None) -> Mesh:
     )
 
 
+def split_devices(sampler: int) -> tuple[Mesh | None, list[jax.Device]]:
+    """(the sampler's mesh, the trainer's devices) for `sampler` devices of the sampler's own (0: no
+    sampler mesh, every device the trainer's). Every process gives its first sampler / process_count
+    local devices to the sampler, so both sides hold rows on every process and the sets are disjoint.
+    The sampler mesh splits rows only (data = sampler): each of its devices holds the whole weights."""
+    devices = jax.devices()
+    if not sampler:
+        return None, devices
+    per, rest = divmod(sampler, jax.process_count())
+    if rest or per >= jax.local_device_count():
+        raise ValueError(
+            f"mesh.sampler={sampler}: the sampler takes as many devices on each of the {jax.process_count()} "
+            f"processes and leaves the trainer at least one of each process's {jax.local_device_count()}; choose "
+            "such a count (0: the sampler shares the trainer's mesh)")
+    mine = [d for p in range(jax.process_count()) for d in [d for d in devices if d.process_index == p][:per]]
+    mesh = jax.make_mesh((sampler, 1, 1, 1), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=mine)
+    return mesh, [d for d in devices if d not in mine]
+
+
+@functools.cache
+def _replicated(mesh: Mesh):
+    """A program that all-gathers an array onto every device of `mesh`."""
+    return jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def to_mesh(tree: Any, shardings: Any) -> Any:
+    """`tree`'s arrays moved to `shardings` on another device set (between the sampler's mesh and the
+    trainer's). In one process, jax.device_put. Over several, JAX moves arrays between device sets
+    across hosts only on TPU, so each process copies what it holds: arrays whose rows split by the
+    `batch` rule go through the host (both meshes give each process the same rows: `split_devices`),
+    and arrays whole on every target device (params on the sampler's mesh, which splits rows only) are
+    all-gathered on their devices and copied from a local replica."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def one(x, target):
+        if target.is_fully_replicated:
+            whole = _replicated(x.sharding.mesh)(x)
+            local = whole.addressable_shards[0].data
+            return jax.make_array_from_single_device_arrays(
+                x.shape, target, [jax.device_put(local, d) for d in target.addressable_devices])
+        rows = process_rows(x.sharding.mesh, x.shape[0])
+        if target.spec[:1] != (RULES["batch"],) or not np.array_equal(rows, process_rows(target.mesh, x.shape[0])):
+            raise ValueError(f"cannot move an array of shape {x.shape} to {target} across processes: only rows that "
+                             "stay on their process, or arrays whole on every target device, move")
+        return global_batch(local_rows(x, rows), target.mesh, x.shape[0])
+
+    return jax.tree.map(one, tree, shardings)
+
+
 def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh) -> PartitionSpec:
     """PartitionSpec for an array with these logical axis names, by `RULES` (mesh: concrete or abstract)."""
     used, out = set(), []
@@ -358,5 +408,7 @@ __all__ = [
     "process_rows",
     "shard",
     "spec_shardings",
+    "split_devices",
+    "to_mesh",
     "tree_shardings",
 ]

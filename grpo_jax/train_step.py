@@ -100,9 +100,10 @@ def on_policy(cfg: Config) -> bool:
     so the params that train are those that sampled. Then l^old = sg(l) from the update's own forward
     (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
     is None. MoE policies keep that pass: it records pi_old's routes (`Batch.routes`) for routing
-    replay and the routing metrics."""
+    replay and the routing metrics. Never under train.max_staleness > 0: the params that sampled are
+    older than those that train, and l^old is taken under them."""
     return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1
-            and not any(cfg.model.moe_layers))
+            and not any(cfg.model.moe_layers) and not cfg.train.max_staleness)
 
 
 def prefix_group(cfg: Config) -> int:
@@ -291,6 +292,10 @@ def _loss(cfg: Config, params, ref_params, batch: Batch, normalizer, stats):
         normalizer=normalizer,
         stats=stats,
     )
+    if cfg.train.max_staleness:  # the trainer's policy against the stale sampler's: staleness and numerics
+        gap = jnp.abs(logp - batch.sampler_logp.astype(jnp.float32)) * batch.mask
+        metrics.update({"staleness/logprob_gap_mean": Metric.mean(gap, batch.mask),
+                        "staleness/logprob_gap_max": Metric.max(gap, batch.mask)})
     if cfg.train.length_buckets:
         metrics.update(algorithms.ratio_by_length(logp, old_logp, batch.mask, cfg.train.length_buckets))
     if cfg.train.compare_routes and batch.routes is not None:

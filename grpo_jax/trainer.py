@@ -17,6 +17,10 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
    makes clipping (and mu > 1) mean anything;
 4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: `grpo_jax.evaluation`).
 
+Under `train.max_staleness` = k, steps 1-2 of step t + k run while step t's updates do (the rollout
+sampled with the params of step t, l^old taken under them), optionally on the sampler's own devices
+(`mesh.sampler`): `Trainer.train_step`.
+
 The examples and rewards come from the config (a registered task, registered reward names) or are
 passed in code: `Trainer(cfg, examples=[...], held_out=[...], rewards={"name": fn})` with
 `cfg.task = data.Examples()`.
@@ -31,6 +35,7 @@ the number of processes.
 The run around the steps (resume, signals, logs, checkpoint cadence) is `grpo_jax/run.py`.
 """
 
+import collections
 import dataclasses
 import functools
 import json
@@ -263,6 +268,14 @@ def _pack(mesh, mask_truncated: bool, minibatches: int, packed_rows: int, drawn:
     return out
 
 
+def _record(r) -> dict:
+    """A sampler output (`sampling.Rollout`) or a minibatch's (l^old, routes) as a checkpointable dict of
+    its arrays (routes only for MoE); `restore` tells them apart by "tokens"."""
+    if isinstance(r, sampling.Rollout):
+        return {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if getattr(r, f.name) is not None}
+    return {"old_logp": r[0], **({"routes": r[1]} if r[1] is not None else {})}
+
+
 @jax.jit
 def _read_updates(updates: list[dict], learning_rates: list) -> tuple[dict, list[dict]]:
     """The plain values of an RL step's train metrics (its updates merged by their weights: counters add,
@@ -293,7 +306,9 @@ class Trainer:
         rewards: Mapping[str, rewards.RewardFn | rewards.Reward] | None = None,
     ):
         check(cfg)
-        self.mesh = sharding.make_mesh(cfg.mesh)
+        self.sampler_mesh, devices = sharding.split_devices(cfg.mesh.sampler)
+        self.mesh = sharding.make_mesh(cfg.mesh, devices)
+        self.gen_mesh = self.sampler_mesh or self.mesh  # where rollouts (and evaluations) are sampled
         self.task = build_task(cfg, examples, held_out, rewards)
         check_prompts(cfg, self.task)
         self.source_path = cfg.model_path
@@ -322,11 +337,16 @@ class Trainer:
                 f"a minibatch of {self.rows // tr.minibatches} rows does not split over the {shards} devices of the "
                 f"batch mesh axes {sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
             )
-        if cfg.sampling.decode_slots % shards:
+        self.gen_shards = math.prod(self.gen_mesh.shape[a] for a in sharding.RULES["batch"])
+        if self.sampler_mesh is not None and self.rows // tr.minibatches % self.gen_shards:
             raise ValueError(
-                f"sampling.decode_slots={cfg.sampling.decode_slots} does not split over the {shards} devices of the "
-                f"batch mesh axes {sharding.RULES['batch']}: each device decodes its rows on its own share of the "
-                "slots; make it a multiple of that (0: all rows at once)"
+                f"mesh.sampler={cfg.mesh.sampler}: a minibatch of {self.rows // tr.minibatches} rows does not split over "
+                f"the sampler mesh's {self.gen_shards} batch devices; change mesh.sampler or the batch sizes")
+        if cfg.sampling.decode_slots % self.gen_shards:
+            raise ValueError(
+                f"sampling.decode_slots={cfg.sampling.decode_slots} does not split over the {self.gen_shards} devices of "
+                f"the sampler's batch mesh axes {sharding.RULES['batch']}: each device decodes its rows on its own share "
+                "of the slots; make it a multiple of that (0: all rows at once)"
             )
         if tr.packing and self.rows // tr.minibatches % (shards * tr.micro_batches):
             raise ValueError(
@@ -366,6 +386,37 @@ class Trainer:
         # from the device once after a restore
         self.optimizer_step = 0
         self._rates: dict[int, float] = {}  # optimizer step -> the schedule's rate, as logged
+        # Bounded staleness: the rollouts of the next steps, sampled ahead (`_produce`); the sampler's copy
+        # of the trainable params (None: it samples with the policy's own) and the step they are of
+        self.queue: collections.deque[dict] = collections.deque()
+        self._sampled, self._sampler_base, self.version = None, None, 0
+        if self.sampler_mesh is not None and cfg.lora.rank:  # the frozen base moves once
+            self._sampler_base = sharding.to_mesh(self.ref_params, self._on_sampler(self.ref_params))
+        self._rounds, self._recorded = None, []  # the sampler outputs of the rollout being produced, or replayed
+        self._publish()
+
+    def _on_sampler(self, tree):
+        """`tree`'s shardings on the sampler's mesh: whole on every device (it splits rows only)."""
+        return jax.tree.map(lambda x: NamedSharding(self.sampler_mesh, P()), tree)
+
+    def _publish(self) -> None:
+        """Gives the sampler the policy after `self.step` steps (its version): the trainable params (under
+        LoRA the adapters only, with the base the sampler holds) moved to the sampler mesh's shardings, or
+        on one mesh under max_staleness a copy (updates donate the train state); else nothing: it samples
+        with the policy's own params."""
+        self.version = self.step
+        if self.sampler_mesh is not None:
+            self._sampled = sharding.to_mesh(self.state.params, self._on_sampler(self.state.params))
+        elif self.cfg.train.max_staleness:
+            self._sampled = jax.tree.map(jnp.copy, self.state.params)
+
+    @property
+    def sampler_params(self):
+        """The params rollouts and evaluations sample with (`_publish`)."""
+        if self._sampled is None:
+            return self.policy_params
+        base = self.ref_params if self._sampler_base is None else self._sampler_base
+        return lora.policy_params(self.cfg.lora, self._sampled, base)
 
     @property
     def policy_params(self):
@@ -395,7 +446,7 @@ class Trainer:
         (host numpy), since groups, advantages and metrics need them whole."""
         g = sampling_cfg.group_size
         n = len(examples) * g
-        rows = sharding.process_rows(self.mesh, n)
+        rows = sharding.process_rows(self.gen_mesh, n)
         prompt_ids = np.unique(rows // g)
         mine = [examples[int(p)] for p in prompt_ids]
         texts, prompts = self._prompts(mine)
@@ -403,11 +454,9 @@ class Trainer:
             prompts = dataclasses.replace(prompts, temperatures=jnp.asarray(temperatures[prompt_ids], jnp.float32))
         stop_ids = sampling.check_prompts(self.cfg.model, prompts, sampling_cfg)
         of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
-        row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.mesh, n)
+        row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.gen_mesh, n)
         t0 = time.perf_counter()
-        rollout = _rollout_rows(self.cfg.model, sampling_cfg, stop_ids, self.mesh, self.policy_params, row_prompts, rng)
-        if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes stay only for R3
-            rollout = dataclasses.replace(rollout, routes=None)
+        rollout = self._generate(sampling_cfg, stop_ids, row_prompts, rng)
         tokens, lengths = (sharding.local_rows(x, rows) for x in jax.block_until_ready((rollout.tokens, rollout.lengths)))
         generate_s = time.perf_counter() - t0
         completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
@@ -418,7 +467,7 @@ class Trainer:
             timeout_s=self.cfg.reward.timeout_s, num_workers=self.cfg.reward.num_workers,
         )
         # every process's rows: groups, advantages and the metrics need them all
-        scores, status = sharding.gather(sharding.global_batch((scores, status), self.mesh, n))
+        scores, status = sharding.gather(sharding.global_batch((scores, status), self.gen_mesh, n))
         metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
         lengths, truncated, prompt_lengths = sharding.gather((rollout.lengths, rollout.truncated, row_prompts.lengths))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
@@ -430,6 +479,21 @@ class Trainer:
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
+
+    def _generate(self, sampling_cfg, stop_ids, row_prompts, rng) -> sampling.Rollout:
+        """The sampler's output for one round: generated with `sampler_params`, or while a restore
+        replays a checkpointed rollout (`_recorded`), its saved output. Recorded in `_rounds` while a
+        rollout is produced ahead, for the checkpoint."""
+        if self._recorded:
+            rollout = self._recorded.pop(0)
+        else:
+            rollout = _rollout_rows(self.cfg.model, sampling_cfg, stop_ids, self.gen_mesh, self.sampler_params,
+                                    row_prompts, rng)
+            if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes stay only for R3
+                rollout = dataclasses.replace(rollout, routes=None)
+        if self._rounds is not None:
+            self._rounds.append(rollout)
+        return rollout
 
     def _store(self, s: dict, indices: np.ndarray, group: np.ndarray) -> None:
         """Keeps the first slot of each prompt of a sampled round whose rewards are usable (under `reuse`, and
@@ -573,8 +637,10 @@ class Trainer:
             packed_rows = layout.packed_rows
             metrics["packing/rows_frac"] = packed_rows * tr.minibatches / self.rows  # of the padded forward's
             metrics["packing/fill"] = float(layout.length.sum()) / (packed_rows * tr.minibatches * width)  # real tokens
-        batches = _pack(self.mesh, alg.mask_truncated, tr.minibatches, packed_rows,
-                        tuple((s["prompts"], s["rollout"]) for s in drawn), source, advantages,
+        rounds = tuple((s["prompts"], s["rollout"]) for s in drawn)
+        if self.sampler_mesh is not None:  # the sampled rows move to the trainer's devices
+            rounds = sharding.to_mesh(rounds, jax.tree.map(lambda x: sharding.batch_sharding(self.mesh, x.ndim), rounds))
+        batches = _pack(self.mesh, alg.mask_truncated, tr.minibatches, packed_rows, rounds, source, advantages,
                         None if layout is None else layout.arrays())
         return batches, metrics
 
@@ -609,17 +675,28 @@ class Trainer:
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
         """Attaches l^old (and, for MoE policies, pi_old's routes) to each minibatch of a rollout batch,
-        all under the params that sampled them (before any update of this step); none when the updates
-        are on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
+        all under the params that sampled them (`sampler_params`: before any update of this step, or
+        under max_staleness those of `self.version`, on the sampler's mesh); none when the updates are
+        on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
         cfg = self.cfg
         if ts.on_policy(cfg):
             return batches
         out = []
         for b in batches:
-            with sharding.activation_rules(self.mesh):
-                old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.policy_params,
-                                                   b.tokens, b.positions, b.segment_ids, b.mask, b.routes,
-                                                   group=ts.prefix_group(cfg), packing=b.packing)
+            if self._recorded:  # a checkpointed rollout replayed: its l^old, saved with it
+                old_logp, routes = self._recorded.pop(0)
+            else:
+                on = b if self.sampler_mesh is None else sharding.to_mesh(
+                    b, jax.tree.map(lambda x: sharding.batch_sharding(self.gen_mesh, x.ndim), b))
+                with sharding.activation_rules(self.gen_mesh):
+                    old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.sampler_params,
+                                                       on.tokens, on.positions, on.segment_ids, on.mask, on.routes,
+                                                       group=ts.prefix_group(cfg), packing=on.packing)
+                if self.sampler_mesh is not None:
+                    old_logp, routes = sharding.to_mesh((old_logp, routes), jax.tree.map(
+                        lambda x: sharding.batch_sharding(self.mesh, x.ndim), (old_logp, routes)))
+            if self._rounds is not None:
+                self._rounds.append((old_logp, routes))
             out.append(dataclasses.replace(b, old_logp=old_logp, routes=routes))
         return out
 
@@ -690,15 +767,46 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[dict, list[dict]]:
-        """One RL step; returns the step's metrics and the per-update train metrics."""
-        t0 = time.perf_counter()
-        batches, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), self.step))
+    def _produce(self, step: int) -> dict:
+        """The rollout batch of `step`, sampled now with the sampler's params (`self.version`): its
+        minibatches (with l^old under max_staleness), metrics and host record, and what a checkpoint
+        needs of it while it waits (the host state before it and its sampler outputs, `_rounds`)."""
+        k = self.cfg.train.max_staleness
+        before = self._host_state()
+        self._rounds = [] if k else None
+        batches, metrics = self.rollout_batch(jax.random.fold_in(jax.random.fold_in(self.rng, 0), step))
         adv = self.last_rollout["advantages"][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
         metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
+        if k:  # l^old under the params that sampled, which the trainer will have moved past
+            batches = self.minibatches(batches)
+        item = dict(batches=batches, metrics=metrics, last_rollout=self.last_rollout, version=self.version,
+                    before=before, rounds=self._rounds)
+        self._rounds = None
+        return item
+
+    def _host_state(self) -> dict:
+        """Copies of what rollouts change on the host: the data position, the sampler's state, the replay store."""
+        return dict(position=self.position, sampler={k: np.copy(v) for k, v in self.sampler_state.items()},
+                    replay=None if self.replay is None else {k: np.copy(v) for k, v in self.replay.items()})
+
+    def train_step(self) -> tuple[dict, list[dict]]:
+        """One RL step; returns the step's metrics and the per-update train metrics.
+
+        Under train.max_staleness = k the rollouts of steps t..t+k-1 wait in `queue`; step t trains on
+        the first, and once its updates are dispatched (nothing read back), samples step t + k's with the
+        sampler's params of step t, so that sampling and the host's scoring run while the device trains.
+        The sampler then gets the updated params (`_publish`). k = 0 is the synchronous loop."""
+        k, steps = self.cfg.train.max_staleness, self.cfg.train.steps
+        t0 = time.perf_counter()
+        while not self.queue or (len(self.queue) < k and self.step + len(self.queue) < steps):
+            self.queue.append(self._produce(self.step + len(self.queue)))
+        item = self.queue.popleft()
+        batches, metrics, self.last_rollout = item["batches"], item["metrics"], item["last_rollout"]
+        staleness = float(self.step - item["version"])  # one version for all of a batch's rows
+        metrics.update({"staleness/mean": staleness, "staleness/max": staleness} if k else {})
         t1 = time.perf_counter()
-        batches = self.minibatches(batches)  # l^old: once, fixed for all mu passes
+        batches = batches if k else self.minibatches(batches)  # l^old: once, fixed for all mu passes
         n = self.cfg.algorithm.num_iterations * len(batches)
         # the rate at every optimizer step that this step's updates can reach, read before they run
         learning_rates = [self.learning_rate(self.optimizer_step + j) for j in range(n)]
@@ -711,6 +819,11 @@ class Trainer:
             metrics["sampler/drift"] = self._drift(batches)
             self.sampler_state = samplers.check_state(self.sampler, self.sampler.observe(self.sampler_state,
                                                                                         metrics["sampler/drift"]))
+        ahead = 0.0
+        if k and self.step + k < steps:  # sampled while the device runs the updates above
+            ahead = time.perf_counter()
+            self.queue.append(self._produce(self.step + k))
+            ahead = time.perf_counter() - ahead
         step_metrics, updates = jax.device_get(_read_updates(updates, learning_rates))  # replicated: every process
         self.optimizer_step += n - round(float(step_metrics["skipped_updates"]) + float(step_metrics["empty_updates"]))
         t2 = time.perf_counter()
@@ -718,10 +831,12 @@ class Trainer:
         updates = [{k: float(v) for k, v in u.items()} for u in updates]
         train_tokens = self.last_rollout["train_tokens"] * self.cfg.algorithm.num_iterations
         metrics.update({
-            "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
-            "throughput/train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
+            "time/rollout_s": t1 - t0, "time/train_s": t2 - t1 - ahead,
+            "throughput/train_tokens_per_s": train_tokens / max(t2 - t1 - ahead, 1e-9),
+            **({"time/sampled_ahead_s": ahead} if k else {}),
         })
         self.step += 1
+        self._publish()
         return metrics, updates
 
     def _drift(self, batches: list[ts.Batch]) -> float:
@@ -756,7 +871,7 @@ class Trainer:
         examples, n = self.task.held_out, self.cfg.train.eval_samples
         rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
         buckets = [ex["bucket"] for ex in examples] if all("bucket" in ex for ex in examples) else None
-        padded = [*examples, *[examples[0]] * (-len(examples) % self.shards)]
+        padded = [*examples, *[examples[0]] * (-len(examples) % self.gen_shards)]
         out = {}
         for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
             scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
@@ -784,11 +899,17 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict:
+        """The state to save. Under max_staleness, the rollouts sampled ahead are saved as their sampler
+        outputs and l^old (`inflight`), with the host state from before the first of them: a restore
+        rebuilds them from these (`restore`), bit for bit."""
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
-        for name, host in (("sampler", self.sampler_state), ("replay", self.replay or {})):
-            if host:  # replicated: every process holds the same
-                state[name] = {k: jax.device_put(v, NamedSharding(self.mesh, P())) for k, v in host.items()}
+        host = self.queue[0]["before"] if self.queue else dict(sampler=self.sampler_state, replay=self.replay)
+        for name, tree in (("sampler", host["sampler"]), ("replay", host["replay"] or {})):
+            if tree:  # replicated: every process holds the same
+                state[name] = {k: jax.device_put(v, NamedSharding(self.mesh, P())) for k, v in tree.items()}
+        if self.queue:
+            state["inflight"] = [[_record(r) for r in item["rounds"]] for item in self.queue]
         if self.ref_params is not None and not self.cfg.lora.rank:  # a LoRA base is not saved: it is model_path
             state["ref"] = self.ref_params
         return state
@@ -796,7 +917,12 @@ class Trainer:
     def save(self, ckpt: checkpoint.Checkpointer, force: bool = False) -> bool:
         """Checkpoints the state (valid only between steps); the config goes with it, for `run.py`'s
         resume check."""
-        meta = {"step": self.step, "data_position": self.position, "config": flatten(self.cfg)}
+        meta = {"step": self.step, "data_position": self.queue[0]["before"]["position"] if self.queue else self.position,
+                "config": flatten(self.cfg)}
+        if self.queue:  # what restore needs to rebuild the in-flight rollouts' arrays and versions
+            meta["inflight"] = [{"version": item["version"], "rounds": [
+                {name: [list(x.shape), str(x.dtype)] for name, x in _record(r).items()} for r in item["rounds"]]}
+                for item in self.queue]
         if self.base is not None:
             meta["base"] = {"model_path": self.source_path, "fingerprint": self.base}
         return ckpt.save(self.step, self.checkpoint_state(), meta, force)
@@ -809,11 +935,24 @@ class Trainer:
                 f"model_path={self.source_path} holds other weights (fingerprint {self.base[:12]}, saved "
                 f"{base['fingerprint'][:12]}): resume with the base the adapters were trained on"
             )
-        state, meta = ckpt.restore(self.checkpoint_state(), step)
-        self.state, self.rng = state["train"], jax.random.wrap_key_data(state["rng"])
+        self.queue.clear()
+        target, inflight = self.checkpoint_state(), ckpt.read_meta(step).get("inflight", [])
+        if inflight:
+            target["inflight"] = [[{name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(
+                self.gen_mesh if "tokens" in record else self.mesh, len(shape))) for name, (shape, dtype) in record.items()}
+                for record in item["rounds"]] for item in inflight]
+        state, meta = ckpt.restore(target, step)
+        # the key uncommitted, as a fresh run's: the sampler's programs run on other devices than the trainer's
+        self.state, self.rng = state["train"], jax.random.wrap_key_data(sharding.gather(state["rng"]))
         self.ref_params = state.get("ref", self.ref_params)
         self.sampler_state = {k: sharding.gather(v) for k, v in state.get("sampler", {}).items()}
         if self.replay is not None:
             self.replay = {k: sharding.gather(v) for k, v in state["replay"].items()}
         self.step, self.position = meta["step"], meta["data_position"]
         self.optimizer_step = int(self.state.step)  # the one read of it
+        self._publish()
+        for item, records in zip(inflight, state.get("inflight", [])):  # the same host steps on the saved outputs
+            self._recorded = [sampling.Rollout(**{"routes": None, **r}) if "tokens" in r else (r["old_logp"], r.get("routes"))
+                              for r in records]
+            self.queue.append({**self._produce(self.step + len(self.queue)), "version": item["version"]})
+            assert not self._recorded, "a checkpointed rollout was not replayed whole"

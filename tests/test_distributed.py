@@ -41,8 +41,8 @@ SETS = ["model.num_layers=1", "model.hidden_size=32", "model.intermediate_size=6
 TIMING = ("time/", "throughput/", "reward/time_s")
 
 
-def argv(out: pathlib.Path) -> list[str]:
-    return ["--config", str(QUICKSTART), *(a for s in (*SETS, f"train.out_dir={out}") for a in ("--set", s))]
+def argv(out: pathlib.Path, sets: list[str] = SETS) -> list[str]:
+    return ["--config", str(QUICKSTART), *(a for s in (*sets, f"train.out_dir={out}") for a in ("--set", s))]
 
 
 def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subprocess.Popen]:
@@ -62,9 +62,9 @@ def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subp
             for i in range(processes)]
 
 
-def launch(out: pathlib.Path, processes: int) -> list[subprocess.Popen]:
+def launch(out: pathlib.Path, processes: int, sets: list[str] = SETS) -> list[subprocess.Popen]:
     """The run in `processes` processes."""
-    return cluster(["-m", "grpo_jax.train", *argv(out)], processes, out)
+    return cluster(["-m", "grpo_jax.train", *argv(out, sets)], processes, out)
 
 
 def finish(procs: list[subprocess.Popen], out: pathlib.Path, timeout: float = 300) -> None:
@@ -146,6 +146,27 @@ def test_two_processes_log_what_one_does_and_resume_after_a_kill(tmp_path):
     for r in read_jsonl(tmp_path / "reference" / "completions.jsonl"):
         steps.setdefault(r["step"], []).append(r)  # 8 groups x 4 rows a step, all kept, in row order
     assert read_jsonl(two / "completions.jsonl") == [r for step in sorted(steps) for r in steps[step][:16]]
+
+
+# The sampler on a mesh of its own (the first 2 devices of each process; 4 in one process), rollouts
+# sampled up to 2 steps ahead; unpacked (the packed layout is planned for the trainer's devices).
+ASYNC = [s for s in SETS if s != "train.packing=true"] + ["mesh.sampler=4", "train.max_staleness=2"]
+
+
+@pytest.mark.slow  # minutes of CPU: three runs' compilations, two of them in two processes at once
+def test_two_processes_with_a_sampler_mesh_and_staleness_2_resume_after_a_kill(tmp_path):
+    """The params move trainer -> sampler across processes after every step; the kill leaves two
+    rollouts in flight in checkpoint 1, which the 2-process resume rebuilds: one process's metrics."""
+    reference = run.train(parse_args(argv(tmp_path / "reference", ASYNC)))  # 1 process x (4 + 4) devices
+    want = rows(tmp_path / "reference")
+    assert [r["staleness/max"] for r in want if "staleness/max" in r] == [0, 1, 2, 2]
+    two = tmp_path / "two"
+    procs = launch(two, 2, ASYNC)
+    kill_after_first_checkpoint(procs, two)
+    procs = launch(two, 2, ASYNC)
+    finish(procs, two)
+    assert_same_metrics(rows(two), want)
+    assert (two / "hf").is_dir() and reference["resumed_from"] is None
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:

@@ -1,0 +1,130 @@
+"""Bounded staleness (train.max_staleness) and the sampler's own mesh (mesh.sampler), on test_trainer's
+tiny model: k = 0 is the synchronous loop bit for bit; k > 0 samples with params k steps old and takes
+l^old under them; a run killed anywhere with k = 2 resumes bit for bit; 8 devices split 4 + 4."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import checkpoint, lora, run, trainer
+from grpo_jax.config import Config
+from test_trainer import config, rows
+
+
+def test_staleness_0_is_the_synchronous_loop(tmp_path):
+    """The loop before max_staleness, written out: sample, l^old, the updates; the same params bit for bit."""
+    t, ref = trainer.Trainer(config(tmp_path)), trainer.Trainer(config(tmp_path))
+    for _ in range(2):
+        t.train_step()
+        batches, _ = ref.rollout_batch(jax.random.fold_in(jax.random.fold_in(ref.rng, 0), ref.step))
+        for mb in ref.minibatches(batches):
+            ref.state, _ = ref.update(ref.state, ref.ref_params, mb)
+        ref.step += 1
+    assert t._sampled is None and not t.queue  # no copy of the params, nothing sampled ahead
+    for a, b in zip(jax.tree.leaves(t.state.params), jax.tree.leaves(ref.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_staleness_k_samples_with_params_k_steps_old(tmp_path):
+    t = trainer.Trainer(config(tmp_path, steps=4, max_staleness=2))
+    got = [t.train_step()[0] for _ in range(4)]
+    assert [m["staleness/max"] for m in got] == [0, 1, 2, 2] and [m["staleness/mean"] for m in got] == [0, 1, 2, 2]
+    # l^old is taken under the params that sampled (their sampler log-probs, up to numerics), and the
+    # trainer's policy has moved away from them: the ratio leaves 1 at a stale batch's first update
+    assert all(m["sampler_drift_max"] < 1e-5 for m in got)
+    assert got[3]["staleness/logprob_gap_mean"] > got[0]["staleness/logprob_gap_mean"]
+    assert not t.queue  # nothing sampled past train.steps
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("async")
+    result = run.train(config(tmp / "run", steps=4, max_staleness=2))
+    (tmp / "run").rename(tmp / "straight")
+    return tmp, result
+
+
+@pytest.mark.parametrize("kill_at", [1, 4, 7])  # updates, 2 a step: killed in step 0, 2 or 3, never saved
+def test_a_run_killed_anywhere_with_staleness_2_resumes_bit_for_bit(kill_at, straight, monkeypatch):
+    """A kill saves nothing past the last checkpoint (every step), which holds the two rollouts sampled
+    ahead as their sampler outputs and l^old; the resume rebuilds them and goes on as if never stopped."""
+    tmp, reference = straight
+    update, calls = trainer.Trainer.train_step, []
+
+    def killed(self):
+        if len(calls) == kill_at // 2:
+            raise RuntimeError("killed")
+        calls.append(1)
+        return update(self)
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        run.train(config(tmp / f"run{kill_at}", steps=4, max_staleness=2))
+    monkeypatch.undo()
+    ckpt = checkpoint.Checkpointer(tmp / f"run{kill_at}" / "checkpoints", 1, 2)
+    saved = ckpt.latest_intact()
+    if saved:
+        versions = [item["version"] for item in ckpt.read_meta(saved)["inflight"]]
+        assert versions == [max(0, s - 2) for s in range(saved, min(saved + 2, 4))]  # step s sampled at s - 2
+    ckpt.close()
+    resumed = run.train(config(tmp / f"run{kill_at}", steps=4, max_staleness=2))
+    assert resumed["resumed_from"] == (kill_at // 2 or None)
+    for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert rows(tmp / f"run{kill_at}") == rows(tmp / "straight")
+
+
+def split(cfg: Config, sampler=4) -> Config:
+    return dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, sampler=sampler))
+
+
+@pytest.mark.parametrize("rank", [0, 4])
+def test_the_sampler_mesh_holds_its_own_copy_on_its_own_devices(rank, tmp_path):
+    """8 devices split 4 + 4; under LoRA only the adapters move each step (the base moved once)."""
+    cfg = split(dataclasses.replace(config(tmp_path, max_staleness=1), lora=lora.LoraConfig(rank=rank)))
+    t = trainer.Trainer(cfg)
+    sampler, trainer_devices = set(jax.devices()[:4]), set(jax.devices()[4:])
+    for step in range(2):
+        metrics, _ = t.train_step()
+        assert np.isfinite(metrics["loss"]) and metrics["staleness/max"] == step
+    assert {d for x in jax.tree.leaves(t.state) for d in x.devices()} == trainer_devices
+    assert {d for x in jax.tree.leaves(t.sampler_params) for d in x.devices()} == sampler
+    assert jax.tree.structure(t._sampled) == jax.tree.structure(t.state.params)  # adapters, under LoRA
+    assert (t._sampler_base is None) == (rank == 0)
+    for a, b in zip(jax.tree.leaves(t._sampled), jax.tree.leaves(t.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # published after the step
+
+
+def test_the_sampler_mesh_samples_what_one_mesh_does(tmp_path):
+    """k = 0 on 4 + 4 devices against 8: the same samples and, to float tolerance, the same step."""
+    got = [trainer.Trainer(cfg).train_step()[0] for cfg in (config(tmp_path), split(config(tmp_path)))]
+    assert got[0]["completion/length_mean"] == got[1]["completion/length_mean"]
+    for key in ("reward/mean", "loss", "grad_norm"):
+        np.testing.assert_allclose(got[1][key], got[0][key], rtol=1e-4, err_msg=key)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: dataclasses.replace(c, train=dataclasses.replace(c.train, max_staleness=-1)),
+     "TrainConfig.max_staleness=-1 must be >= 0"),
+    (lambda c: dataclasses.replace(c, mesh=dataclasses.replace(c.mesh, sampler=-4)), "MeshConfig.sampler=-4 must be >= 0"),
+    (lambda c: split(c, 8), "mesh.sampler=8: the sampler takes as many devices"),
+    (lambda c: split(c, 6), "a minibatch of 4 rows does not split over the sampler mesh's 6 batch devices"),
+    (lambda c: split(dataclasses.replace(c, train=dataclasses.replace(c.train, packing=True))),
+     "set train.packing=False or mesh.sampler=0"),
+    (lambda c: config(c.train.out_dir, "rloo", minibatches=1, max_staleness=1),
+     "algorithm.loss='reinforce' has no importance ratio and algorithm.tis_level is None"),
+])
+def test_bad_staleness_and_sampler_meshes_are_refused_before_compiling(change, message, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer.ts, "compiled_train_step", lambda *a: pytest.fail("compiled"))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        trainer.Trainer(change(config(tmp_path)))
+
+
+def test_reinforce_on_stale_samples_runs_under_token_tis(tmp_path):
+    cfg = config(tmp_path, "rloo", minibatches=1)
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, tis_level="token"),
+                              train=dataclasses.replace(cfg.train, max_staleness=1))
+    t = trainer.Trainer(cfg)
+    assert all(np.isfinite(t.train_step()[0]["loss"]) for _ in range(2))
