@@ -18,12 +18,13 @@ sampler's weights from HBM and its FLOPs at MFU x peak (the prefill by FLOPs); t
 (float32, as trained) into each sampler device, which holds them whole (mesh.sampler splits rows
 only), at its ingress bandwidth. Synchronous on all devices: gen + train; pipelined on the split (sampler
 + trainer devices) with the shortest step: max(gen, train) + transfer. The hardware numbers are the vendor's peak figures, the MFU an assumption: rules of thumb, not
-measurements. Writes bench/results/async_pipeline.json.
+measurements. Writes bench/results/async_pipeline[_<overrides>].json.
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -110,7 +111,8 @@ def main():
         print(f"{r['model']:22s}{r['devices']:>8d}{r['gen_s']:>8.2f}{r['train_s']:>8.2f}{r['split']:>8s}"
               f"{r['gen_split_s']:>7.2f}{r['train_split_s']:>8.2f}{r['transfer_s']:>8.2f}{r['transfer_gib']:>9.1f}"
               f"{r['synchronous_step_s']:>8.2f}{r['pipelined_step_s']:>8.2f}{r['speedup']:>6.2f}")
-    out = RESULTS / "async_pipeline.json"
+    name = re.sub(r"[^\w.=-]", "_", "_".join(["async_pipeline", *args.set]))  # a value may hold a path
+    out = RESULTS / f"{name}.json"
     out.write_text(json.dumps(dict(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command="python -m bench.async_pipeline "
         + " ".join(sys.argv[1:]), load=roofline.load(), cpus=os.cpu_count(), measured=measured,
