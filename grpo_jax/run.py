@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax import checkpoint, trainer
+from grpo_jax import checkpoint, sharding, trainer
 from grpo_jax import train_step as ts
 from grpo_jax import logging as run_logging
 from grpo_jax.config import RESUMABLE, Config, flatten, resume_changes
@@ -225,7 +225,7 @@ def load_benchmarks(cfg: Config) -> tuple | None:
     path = cfg.train.eval_benchmarks
     if not path:
         return None
-    from grpo_jax import evaluate, sharding
+    from grpo_jax import evaluate
     from grpo_jax.train import load_config
 
     if not pathlib.Path(path).is_file():
