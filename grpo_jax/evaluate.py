@@ -18,12 +18,18 @@ has its own problem set (a task config and which of its splits: files, TFDS or a
 checker (a registered correctness reward: "math" compares numbers exactly, anything else by
 math-verify) and sampling (`SamplingConfig`: n = group_size samples per problem, temperature, top_p,
 max_new_tokens, prompt width). Per benchmark, and as their mean: avg@n (the mean correctness of the n
-samples, which is the unbiased pass@1), the unbiased pass@k (`evaluation.pass_at_k`) and maj@k (is the
+samples, which is the unbiased pass@1), the unbiased pass@k (`pass_at_k`) and maj@k (is the
 most frequent answer of the first k samples right) for each k of `Benchmark.ks`.
 
+The trainer's held-out evaluation is this harness too (`evaluate_held_out`): the run's held-out set as
+two implicit benchmarks, "greedy" (n = 1) and "sampled" (n = train.eval_samples), with the run's
+template, sampling and rewards (weighted by reward.weights), one generation call each with the step's
+key; their metrics keep the names `eval/accuracy_greedy`, `eval/reward_sampled`, `eval/pass@k`, ... and
+`eval/accuracy_MODE@BUCKET` where every example names its "bucket" (`held_out_metrics`).
+
 Written to OUT (default: `train.out_dir/eval-step-N`; `--out` with `--hf`): results.json (the metrics,
-and every problem's record with each sample's answer, correctness, length and completion, from which
-`metrics` recomputes them) and results.md (the table). A set of any size runs on any mesh: problems go
+and every problem's record with each sample's answer, correctness, reward, length and completion, from
+which `metrics` recomputes them) and results.md (the table). A set of any size runs on any mesh: problems go
 `EvalConfig.batch_problems` at a time (rounded up to the batch devices), the last batch padded with
 copies of the first problem whose rows enter no record, so every problem is evaluated exactly once.
 Every user error (an unknown benchmark, an empty set, k > n, a prompt too long, a checkpoint of another
@@ -47,7 +53,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import data, distributed, evaluation, export, models, rewards, sampling, sharding, trainer
+from grpo_jax import data, distributed, models, rewards, sampling, sharding
 from grpo_jax.config import Config, MeshConfig, ModelOptions, SamplingConfig, TaskConfig, override
 from grpo_jax.data.tasks import SPLITS
 from grpo_jax.data.templates import PLAIN, PromptTemplate
@@ -65,7 +71,7 @@ class Benchmark:
     reward: str = "math"  # a registered correctness reward: the answer checker
     template: PromptTemplate = PLAIN
     sampling: SamplingConfig = SamplingConfig(group_size=1, greedy=True)  # n = group_size samples per problem
-    ks: tuple[int, ...] = ()  # of pass@k and maj@k; (): 2, 4, ... below n, and n (evaluation.pass_ks)
+    ks: tuple[int, ...] = ()  # of pass@k and maj@k; (): 2, 4, ... below n, and n (pass_ks)
 
     def __post_init__(self):
         n = self.sampling.group_size
@@ -83,7 +89,7 @@ class Benchmark:
 
     @property
     def pass_ks(self) -> tuple[int, ...]:
-        return self.ks or tuple(evaluation.pass_ks(self.sampling.group_size))
+        return self.ks or tuple(pass_ks(self.sampling.group_size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,13 +117,15 @@ class EvalConfig:
 
 @dataclasses.dataclass
 class Problems:
-    """A benchmark's set, checked and encoded: what `run_benchmarks` evaluates."""
+    """A benchmark's set, checked and encoded, with what scores it: what `sample_set` evaluates."""
 
     benchmark: Benchmark
     examples: list[dict]
     texts: list[str]  # the rendered prompts
     ids: list[list[int]]  # their tokens
-    reward: rewards.Reward
+    rewards: tuple[rewards.Reward, ...]  # a benchmark's: its checker; the held-out set's: the run's rewards
+    names: tuple[str, ...]  # of the rewards
+    weights: tuple[float, ...]  # a sample's "reward": their weighted sum; "correct": by the first correctness reward
 
 
 # -- checks and data (no weights, nothing compiled) -------------------------------------------------
@@ -178,11 +186,28 @@ def load_problems(cfg: EvalConfig, benchmarks: Sequence[Benchmark], model: model
             if not 0 < len(ids[-1]) <= s.max_prompt_len:
                 raise ValueError(f"{where}: problem {i} renders to {len(ids[-1])} tokens; {where}.sampling.max_prompt_len="
                                  f"{s.max_prompt_len}: raise it")
-        out.append(Problems(b, examples, texts, ids, reward))
+        out.append(Problems(b, examples, texts, ids, (reward,), (b.reward,), (1.0,)))
     return out
 
 
 # -- metrics ----------------------------------------------------------------------------------------
+
+
+def pass_at_k(n: int, correct, k: int) -> np.ndarray:
+    """The unbiased estimate of pass@k per problem, from n samples of which `correct` (an array) are right:
+    1 - C(n - c, k) / C(n, k) (Chen et al. 2021, arXiv:2107.03374, eq. 1), computed as the product
+    1 - prod_{i = n - c + 1}^{n} (1 - k / i), which needs no large binomials."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n={n} samples per problem")
+    c = np.asarray(correct, np.int64)
+    i = np.arange(1, n + 1)
+    terms = np.where(i[None, :] > (n - c.reshape(-1))[:, None], 1.0 - k / i, 1.0)
+    return (1.0 - np.prod(terms, axis=1)).reshape(c.shape)
+
+
+def pass_ks(n: int) -> list[int]:
+    """The k of the pass@k metrics for n samples: 2, 4, 8, ... below n, and n (none for n = 1)."""
+    return sorted({2**j for j in range(1, n.bit_length()) if 2**j < n} | ({n} if n > 1 else set()))
 
 
 def _vote(answer: str) -> fractions.Fraction | str:
@@ -207,7 +232,7 @@ def metrics(records: Sequence[dict], n: int, ks: Sequence[int]) -> dict[str, flo
     lengths = np.array([[s["length"] for s in r["samples"]] for r in records], float)
     truncated = np.array([[s["truncated"] for s in r["samples"]] for r in records], float)
     out = {"problems": len(records), "n": n, "avg@n": float(correct.mean())}
-    out.update({f"pass@{k}": float(evaluation.pass_at_k(n, correct.sum(axis=1), k).mean()) for k in ks})
+    out.update({f"pass@{k}": float(pass_at_k(n, correct.sum(axis=1), k).mean()) for k in ks})
     out.update({f"maj@{k}": float(np.mean([majority_correct(r["samples"][:k]) for r in records])) for k in ks})
     out.update({"length_mean": float(lengths.mean()), "truncated_frac": float(truncated.mean())})
     return out
@@ -235,45 +260,126 @@ def table(result: dict) -> str:
 # -- generation ---------------------------------------------------------------------------------------
 
 
+def sample_set(p: Problems, model: models.ModelConfig, params, tokenizer, mesh, key, *, batch_problems: int,
+               timeout_s: float, workers: int) -> list[dict]:
+    """Every problem's record under `params` (placed on `mesh`): its n samples, each with its answer,
+    correctness (None without a correctness reward), weighted reward and each reward, length, finish and
+    completion. Problems go `batch_problems` at a time (rounded up to the batch devices; the last call
+    padded with copies of problem 0, whose rows enter no record); call 0 samples with `key`, call c > 0
+    with fold_in(key, c). Rows are problem-major, given once per row (`sampling.rollout_rows`, as
+    rollouts are), each process passing only its own."""
+    shards = math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    b, n, size = p.benchmark, p.benchmark.sampling.group_size, len(p.examples)
+    per_call = min(-(-batch_problems // shards), -(-size // shards)) * shards
+    fns, weights = [r.fn for r in p.rewards], np.asarray(p.weights)
+    checker = next((j for j, r in enumerate(p.rewards) if r.correctness), None)
+    records = []
+    for call, start in enumerate(range(0, size, per_call)):
+        real = list(range(start, min(start + per_call, size)))
+        padded = real + [0] * (per_call - len(real))  # copies of problem 0: their rows enter no record
+        host = sampling.pad_prompts([p.ids[i] for i in padded], b.sampling)
+        stop_ids = sampling.check_prompts(model, host, b.sampling)
+        mine = sharding.process_rows(mesh, per_call * n)
+        row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[mine // n], host), mesh, per_call * n)
+        r = sampling.rollout_rows(model, b.sampling, stop_ids, mesh, params, row_prompts,
+                                  key if call == 0 else jax.random.fold_in(key, call))
+        tokens, lengths, truncated = (x[:len(real) * n] for x in sharding.gather((r.tokens, r.lengths, r.truncated)))
+        rows = np.repeat(real, n)  # rows are problem-major: row j*n + g is sample g of problem real[j]
+        completions = [tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
+        scores, _, _ = rewards.score(fns, p.weights, [p.texts[i] for i in rows], completions,
+                                     [p.examples[i] for i in rows], completion_lens=lengths.tolist(),
+                                     timeout_s=timeout_s, num_workers=workers)
+        total = scores @ weights
+        right = None if checker is None else scores[:, checker] >= 1.0
+        for j, i in enumerate(real):
+            group = range(j * n, (j + 1) * n)
+            records.append({
+                "index": i, "prompt": p.texts[i], "reference": p.examples[i].get("answer"),
+                "correct": None if right is None else int(sum(right[g] for g in group)),
+                "samples": [{"answer": answers.extract_answer(completions[g]),
+                             "correct": None if right is None else bool(right[g]),
+                             "reward": float(total[g]), "rewards": dict(zip(p.names, scores[g].tolist())),
+                             "length": int(lengths[g]), "truncated": bool(truncated[g]),
+                             "completion": completions[g]} for g in group],
+            })
+    return records
+
+
 def run_benchmarks(cfg: EvalConfig, sets: Sequence[Problems], model: models.ModelConfig, params, tokenizer,
                    mesh) -> dict[str, dict]:
     """{name: {"config", "metrics", "records"}} of each checked set (`load_problems`) under `params`
-    (placed on `mesh`)."""
-    shards = math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    (placed on `mesh`); a set's key is of (EvalConfig.seed, its name)."""
     out = {}
     for p in sets:
         b, n = p.benchmark, p.benchmark.sampling.group_size
-        size = len(p.examples)
-        per_call = min(-(-cfg.batch_problems // shards), -(-size // shards)) * shards
         key = jax.random.fold_in(jax.random.key(cfg.seed), zlib.crc32(b.name.encode()) & 0x7FFFFFFF)
-        records = []
-        for call, start in enumerate(range(0, size, per_call)):
-            real = list(range(start, min(start + per_call, size)))
-            padded = real + [0] * (per_call - len(real))  # copies of problem 0: their rows enter no record
-            host = sampling.pad_prompts([p.ids[i] for i in padded], b.sampling)
-            stop_ids = sampling.check_prompts(model, host, b.sampling)
-            mine = sharding.process_rows(mesh, per_call)
-            prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[mine], host), mesh, per_call)
-            r = sampling.rollout(model, b.sampling, stop_ids, mesh, params, prompts, jax.random.fold_in(key, call))
-            tokens, lengths, truncated = (x[:len(real) * n] for x in sharding.gather((r.tokens, r.lengths, r.truncated)))
-            rows = np.repeat(real, n)  # rows are problem-major: row j*n + g is sample g of problem real[j]
-            completions = [tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
-            scores, _, _ = rewards.score([p.reward.fn], [1.0], [p.texts[i] for i in rows], completions,
-                                         [p.examples[i] for i in rows], completion_lens=lengths.tolist(),
-                                         timeout_s=cfg.reward_timeout_s, num_workers=cfg.reward_workers)
-            for j, i in enumerate(real):
-                group = range(j * n, (j + 1) * n)
-                records.append({
-                    "index": i, "prompt": p.texts[i], "reference": p.examples[i].get("answer"),
-                    "correct": int(sum(scores[g, 0] >= 1.0 for g in group)),
-                    "samples": [{"answer": answers.extract_answer(completions[g]), "correct": bool(scores[g, 0] >= 1.0),
-                                 "length": int(lengths[g]), "truncated": bool(truncated[g]),
-                                 "completion": completions[g]} for g in group],
-                })
+        records = sample_set(p, model, params, tokenizer, mesh, key, batch_problems=cfg.batch_problems,
+                             timeout_s=cfg.reward_timeout_s, workers=cfg.reward_workers)
         config = {"task": data.task_name(b.task), "split": b.split, "reward": b.reward, "n": n, "ks": list(b.pass_ks),
                   "sampling": dataclasses.asdict(b.sampling)}
         out[b.name] = {"config": config, "metrics": metrics(records, n, b.pass_ks), "records": records}
     return out
+
+
+# -- the trainer's held-out evaluation ----------------------------------------------------------------
+
+
+def held_out_sets(run: Config, examples: Sequence[dict], tokenizer,
+                  run_rewards: Sequence[rewards.Reward]) -> list[Problems]:
+    """The run's held-out examples as two implicit benchmarks: "greedy" (n = 1) and "sampled" (n =
+    train.eval_samples), rendered with the run's template, sampled with its sampling settings, scored by
+    its rewards (the prompts were checked with the run's: `trainer.check_prompts`)."""
+    chat = getattr(tokenizer, "apply_chat_template", None)
+    texts = [data.render(run.template, ex, chat) for ex in examples]
+    ids = [tokenizer.encode(t) for t in texts]
+    checker = next((name for name, r in zip(run.reward.names, run_rewards) if r.correctness), "")
+    return [Problems(Benchmark(mode, run.task, size=len(examples), reward=checker, template=run.template,
+                               sampling=dataclasses.replace(run.sampling, group_size=g, greedy=greedy)),
+                     list(examples), texts, ids, tuple(run_rewards), tuple(run.reward.names), tuple(run.reward.weights))
+            for mode, greedy, g in (("greedy", True, 1), ("sampled", False, run.train.eval_samples))]
+
+
+def held_out_metrics(mode: str, records: Sequence[dict], buckets: Sequence[str] | None = None) -> dict[str, float]:
+    """The eval/ metrics of one implicit benchmark ("greedy" or "sampled") from its records:
+    eval/reward_MODE, eval/length_MODE and, with a correctness reward, eval/accuracy_MODE (avg@n),
+    eval/pass@k for k in `pass_ks(n)` and, with `buckets` (one label per problem), eval/accuracy_MODE@BUCKET."""
+    n = len(records[0]["samples"])
+    samples = [s for r in records for s in r["samples"]]
+    out = {f"eval/reward_{mode}": float(np.mean([s["reward"] for s in samples])),
+           f"eval/length_{mode}": float(np.mean([s["length"] for s in samples]))}
+    if records[0]["correct"] is not None:
+        correct = np.array([s["correct"] for s in samples], bool)
+        out[f"eval/accuracy_{mode}"] = float(np.mean(correct))
+        if buckets is not None:
+            labels = np.repeat(np.asarray(buckets, str), n)
+            out.update({f"eval/accuracy_{mode}@{b}": float(np.mean(correct[labels == b]))
+                        for b in sorted(set(buckets))})
+        per_problem = np.array([r["correct"] for r in records], np.int64)
+        out.update({f"eval/pass@{k}": float(pass_at_k(n, per_problem, k).mean()) for k in pass_ks(n)})
+    return out
+
+
+def evaluate_held_out(run: Config, examples: Sequence[dict], tokenizer, run_rewards: Sequence[rewards.Reward],
+                      model: models.ModelConfig, params, mesh, key) -> tuple[dict[str, float], list[dict]]:
+    """(the held-out metrics, one JSON-ready dict of results per example) of `held_out_sets`, each
+    sampled in one call with `key` (`Trainer.evaluate_examples`)."""
+    buckets = [ex["bucket"] for ex in examples] if all("bucket" in ex for ex in examples) else None
+    rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
+    out = {}
+    for p in held_out_sets(run, examples, tokenizer, run_rewards):
+        mode, g = p.benchmark.name, p.benchmark.sampling.group_size
+        records = sample_set(p, model, params, tokenizer, mesh, key, batch_problems=len(examples),
+                             timeout_s=run.reward.timeout_s, workers=run.reward.num_workers)
+        out.update(held_out_metrics(mode, records, buckets))
+        for row, r in zip(rows, records):
+            if mode == "greedy":
+                row["greedy"] = {"completion": r["samples"][0]["completion"], "rewards": r["samples"][0]["rewards"]}
+            else:
+                row["sampled"] = {"samples": g, "reward_mean": float(np.mean([s["reward"] for s in r["samples"]])),
+                                  "length_mean": float(np.mean([s["length"] for s in r["samples"]]))}
+            if r["correct"] is not None:
+                row[mode]["correct"] = r["correct"]
+    return out, rows
 
 
 # -- the whole evaluation -----------------------------------------------------------------------------
@@ -288,6 +394,8 @@ def evaluate(cfg: EvalConfig, *, run: Config | None = None, step: int | None = N
         raise ValueError("evaluate: give exactly one model: a run's config (with its --step) or an HF directory (--hf)")
     if hf and out is None:
         raise ValueError("--hf needs --out: the directory to write the results to")
+    from grpo_jax import export, trainer  # they import this module (trainer: the held-out evaluation)
+
     benchmarks = select(cfg, only)
     if run is not None:
         trainer.check(run)

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax import checkpoint, sharding, trainer
+from grpo_jax import checkpoint, evaluate, sharding, trainer
 from grpo_jax import train_step as ts
 from grpo_jax import logging as run_logging
 from grpo_jax.config import RESUMABLE, Config, flatten, resume_changes
@@ -225,7 +225,6 @@ def load_benchmarks(cfg: Config) -> tuple | None:
     path = cfg.train.eval_benchmarks
     if not path:
         return None
-    from grpo_jax import evaluate
     from grpo_jax.train import load_config
 
     if not pathlib.Path(path).is_file():
@@ -239,8 +238,6 @@ def load_benchmarks(cfg: Config) -> tuple | None:
 
 def evaluate_benchmarks(t: trainer.Trainer, benchmarks: tuple) -> dict[str, float]:
     """The rates of `load_benchmarks`' sets under the policy now: eval/NAME/avg@n, pass@k, maj@k, and eval/mean/..."""
-    from grpo_jax import evaluate
-
     bench, sets = benchmarks
     per = {name: b["metrics"] for name, b in evaluate.run_benchmarks(
         bench, sets, t.cfg.model, t.policy_params, t.task.tokenizer, t.mesh).items()}

@@ -383,3 +383,12 @@ def rollout(
             prompt_routes = jnp.moveaxis(encoded["routes"], 0, 1)[(lane_of * prefixes.shape[1] + prefix_of).ravel()]
             routes = jnp.concatenate([prompt_routes, flat["routes"]], axis=2)
         return on_lanes(Rollout(flat["tokens"], mask, flat["logprobs"], flat["lengths"], ~flat["stopped"], routes))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def rollout_rows(cfg, sampling_cfg, stop_ids, mesh, params, row_prompts: Prompts, rng) -> Rollout:
+    """`rollout` of prompts given once per row (row p*G + g holds prompt p), so that each
+    process passes only the rows it holds (`sharding.global_batch`); the G rows of a prompt still share
+    one prefill. Rollouts and evaluations (`grpo_jax.evaluate`) sample with it."""
+    prompts = jax.tree.map(lambda x: x[:: sampling_cfg.group_size], row_prompts)
+    return rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)

@@ -15,7 +15,7 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 3. compute l^old ONCE for the whole rollout batch, then run `algorithm.num_iterations` passes of
    `train.minibatches` jitted updates: the ratio leaves 1 from the second update on, which is what
    makes clipping (and mu > 1) mean anything;
-4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: `grpo_jax.evaluation`).
+4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: the harness of `grpo_jax.evaluate`).
 
 Under `train.max_staleness` = k, steps 1-2 of step t + k run while step t's updates do (the rollout
 sampled with the params of step t, l^old taken under them), optionally on the sampler's own devices
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, evaluation, lora, models, packing, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluate, lora, models, packing, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
@@ -219,15 +219,6 @@ def check_params(model: models.ModelConfig, params) -> None:
         if not bool(jnp.isfinite(x).all()):
             raise ValueError(f"params {key} hold non-finite values (NaN or inf): every update would be skipped "
                              "as non-finite; pass finite params")
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _rollout_rows(cfg, sampling_cfg, stop_ids, mesh, params, row_prompts: sampling.Prompts, rng) -> sampling.Rollout:
-    """`sampling.rollout` of prompts given once per row (row p*G + g holds prompt p), so that each
-    process passes only the rows it holds (`sharding.global_batch`); the G rows of a prompt still share
-    one prefill."""
-    prompts = jax.tree.map(lambda x: x[:: sampling_cfg.group_size], row_prompts)
-    return sampling.rollout(cfg, sampling_cfg, stop_ids, mesh, params, prompts, rng)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -487,8 +478,8 @@ class Trainer:
         if self._recorded:
             rollout = self._recorded.pop(0)
         else:
-            rollout = _rollout_rows(self.cfg.model, sampling_cfg, stop_ids, self.gen_mesh, self.sampler_params,
-                                    row_prompts, rng)
+            rollout = sampling.rollout_rows(self.cfg.model, sampling_cfg, stop_ids, self.gen_mesh, self.sampler_params,
+                                            row_prompts, rng)
             if self.cfg.algorithm.routing_replay != "sampler":  # MoE routes stay only for R3
                 rollout = dataclasses.replace(rollout, routes=None)
         if self._rounds is not None:
@@ -861,40 +852,18 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------
 
     def evaluate(self) -> dict:
-        """Held-out metrics (`grpo_jax.evaluation`): greedy, and `train.eval_samples` samples per prompt."""
+        """Held-out metrics (`grpo_jax.evaluate`): greedy, and `train.eval_samples` samples per prompt."""
         return self.evaluate_examples()[0]
 
     def evaluate_examples(self) -> tuple[dict, list[dict]]:
-        """(held-out metrics, one JSON-ready dict of results per held-out example). A set of any size runs
-        on any mesh: it is padded with copies of its first example to a multiple of the batch devices,
-        and the padding's rows enter no metric and no record (no problem is dropped or counted twice)."""
-        examples, n = self.task.held_out, self.cfg.train.eval_samples
-        rows = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer")} for i, ex in enumerate(examples)]
-        buckets = [ex["bucket"] for ex in examples] if all("bucket" in ex for ex in examples) else None
-        padded = [*examples, *[examples[0]] * (-len(examples) % self.gen_shards)]
-        out = {}
-        for mode, greedy, g in (("greedy", True, 1), ("sampled", False, n)):
-            scfg = dataclasses.replace(self.cfg.sampling, group_size=g, greedy=greedy)
-            s = self.sample(padded, jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step), scfg)
-            real = len(examples) * g  # rows are prompt-major: the padding's come last
-            s = {**s, "rewards": s["rewards"][:real], "lengths": s["lengths"][:real],
-                 "correct": None if s["correct"] is None else s["correct"][:real]}
-            total, lengths = s["rewards"] @ np.asarray(self.cfg.reward.weights), s["lengths"]
-            out.update(evaluation.summarize(mode, g, total, lengths, s["correct"], buckets))
-            if greedy:  # every example's completion, whichever process sampled it
-                tokens = sharding.gather(s["rollout"].tokens)[:real]
-                completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
-            for i, row in enumerate(rows):
-                group = slice(i * g, (i + 1) * g)
-                if greedy:
-                    row["greedy"] = {"completion": completions[i],
-                                     "rewards": dict(zip(self.cfg.reward.names, s["rewards"][i].tolist()))}
-                else:
-                    row["sampled"] = {"samples": g, "reward_mean": float(total[group].mean()),
-                                      "length_mean": float(lengths[group].mean())}
-                if s["correct"] is not None:
-                    row["greedy" if greedy else "sampled"]["correct"] = int(s["correct"][group].sum())
-        return out, rows
+        """(held-out metrics, one JSON-ready dict of results per held-out example): the harness of
+        `grpo_jax.evaluate` on the held-out set's two implicit benchmarks (`evaluate.evaluate_held_out`),
+        sampled with the sampler's params on its mesh and the step's key. A set of any size runs on any
+        mesh: it is padded with copies of its first example to a multiple of the batch devices, and the
+        padding's rows enter no metric and no record (no problem is dropped or counted twice)."""
+        return evaluate.evaluate_held_out(self.cfg, self.task.held_out, self.task.tokenizer, self.task.rewards,
+                                          self.cfg.model, self.sampler_params, self.gen_mesh,
+                                          jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step))
 
     # -- checkpoints -------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """python -m grpo_jax.evaluate: a 37-problem set on 8 devices (every problem once, metrics recomputed from
-the records), an HF directory through the CLI, maj@k and the table by hand, bad input before compiling."""
+the records), an HF directory through the CLI, maj@k and the table by hand, bad input before compiling;
+pass@k against brute-force enumeration and the held-out metrics (the trainer's) by hand."""
 
+import itertools
 import json
 import math
 import pathlib
@@ -71,7 +73,7 @@ def test_a_prime_sized_set_on_8_devices_holds_every_problem_once_and_its_metrics
     c = np.array([sum(s["correct"] for s in r["samples"]) for r in a["records"]])
     assert 0 < c.sum() < 37 * 4, "every metric should vary"
     assert a["metrics"]["avg@n"] == pytest.approx(c.sum() / (37 * 4))
-    for k in (2, 4):  # pass@k by binomials, independently of evaluation.pass_at_k
+    for k in (2, 4):  # pass@k by binomials, independently of evaluate.pass_at_k
         assert a["metrics"][f"pass@{k}"] == pytest.approx(np.mean([1 - math.comb(4 - ci, k) / math.comb(4, k) for ci in c]))
     assert a["metrics"]["pass@4"] == pytest.approx(np.mean(c > 0))
     g = result["benchmarks"]["arith5_greedy"]
@@ -106,6 +108,64 @@ def test_maj_at_k_and_metrics_by_hand():
     # maj@2: a tie in both, to the first answer ("1" right, "3" wrong); maj@4: "2" (wrong) and "4" (right)
     assert m["maj@2"] == 0.5 and m["maj@4"] == 0.5 and [ev.majority_correct(r["samples"]) for r in records] == [False, True]
     assert ev.metrics(records[1:], 4, (3,))["maj@3"] == 1.0
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
+    """The fraction of the k-subsets of n samples (c of them correct) that hold a correct one."""
+    correct = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(correct[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8])
+def test_pass_at_k_is_the_probability_that_k_of_the_n_samples_hold_a_correct_one(n):
+    for k in range(1, n + 1):
+        c = np.arange(n + 1)
+        got = ev.pass_at_k(n, c, k)
+        want = [brute_force_pass_at_k(n, ci, k) for ci in c]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got, [1 - math.comb(n - ci, k) / math.comb(n, k) for ci in c], atol=1e-12)
+    np.testing.assert_allclose(ev.pass_at_k(n, np.arange(n + 1), 1), np.arange(n + 1) / n)  # pass@1 = avg
+    with pytest.raises(ValueError, match="needs 1 <= k <= n"):
+        ev.pass_at_k(n, [0], n + 1)
+
+
+def test_pass_at_k_for_many_samples_needs_no_large_binomials():
+    # C(2000, 1000) ~ 1e600 is beyond float64; exact integer binomials as the reference.
+    c = np.array([0, 1, 3, 1000, 2000])
+    want = [1 - math.comb(2000 - ci, 1000) / math.comb(2000, 1000) for ci in c]
+    np.testing.assert_allclose(ev.pass_at_k(2000, c, 1000), want, rtol=1e-12)
+
+
+def held_out_records(correct, n, reward=None, length=3):
+    """Records as `sample_set` writes them, prompt-major `correct` (None: no correctness reward)."""
+    rows = len(reward if correct is None else correct)
+    reward = np.zeros(rows) if reward is None else reward
+    samples = [{"correct": None if correct is None else bool(correct[i]), "reward": float(reward[i]), "length": length}
+               for i in range(rows)]
+    return [{"correct": None if correct is None else sum(s["correct"] for s in samples[j:j + n]),
+             "samples": samples[j:j + n]} for j in range(0, rows, n)]
+
+
+def test_pass_ks_and_held_out_metrics_by_hand():
+    assert ev.pass_ks(1) == [] and ev.pass_ks(8) == [2, 4, 8] and ev.pass_ks(6) == [2, 4, 6]
+    # 2 prompts x 4 samples: 1 and 4 correct
+    out = ev.held_out_metrics("sampled", held_out_records([0, 1, 0, 0, 1, 1, 1, 1], 4, reward=np.arange(8.0)))
+    assert out["eval/accuracy_sampled"] == 5 / 8 and out["eval/reward_sampled"] == 3.5
+    assert out["eval/length_sampled"] == 3
+    assert out["eval/pass@2"] == pytest.approx((0.5 + 1.0) / 2)  # 1 - C(3,2)/C(4,2) = 1/2 for the first prompt
+    assert out["eval/pass@4"] == 1.0
+    assert ev.held_out_metrics("greedy", held_out_records(None, 1, reward=np.zeros(2))) == {
+        "eval/reward_greedy": 0.0, "eval/length_greedy": 3.0}
+
+
+def test_held_out_accuracy_per_bucket_by_hand():
+    # 3 prompts x 2 samples, prompt-major: prompt 0 (short) 1 of 2 right, prompt 1 (long) 2 of 2, prompt 2 (short) 0.
+    records = held_out_records([1, 0, 1, 1, 0, 0], 2)
+    out = ev.held_out_metrics("sampled", records, ["short", "long", "short"])
+    assert out["eval/accuracy_sampled@short"] == 0.25 and out["eval/accuracy_sampled@long"] == 1.0
+    assert out["eval/accuracy_sampled"] == 0.5
+    assert not any(k.startswith("eval/accuracy_sampled@") for k in ev.held_out_metrics("sampled", records))
 
 
 def test_an_hf_directory_through_the_command_line(tmp_path, capsys):
@@ -164,6 +224,7 @@ def test_bad_input_is_refused_before_anything_compiles(case, saved_run, tmp_path
 
     monkeypatch.setattr(trainer, "Trainer", compiled)
     monkeypatch.setattr(sampling, "rollout", compiled)
+    monkeypatch.setattr(sampling, "rollout_rows", compiled)
     make, message = BAD[case]
     args = {"cfg": benchmarks(), "run": [], "step": None, "only": (), **make(tmp_path)}
     with pytest.raises(ValueError, match=message):
@@ -177,7 +238,8 @@ def test_k_above_n_and_a_mismatched_hf_directory_are_refused(tmp_path, monkeypat
     tiny_hf_checkpoint(tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
-    monkeypatch.setattr(sampling, "rollout", lambda *a, **k: pytest.fail("compiled before the check"))
+    for name in ("rollout", "rollout_rows"):
+        monkeypatch.setattr(sampling, name, lambda *a, **k: pytest.fail("compiled before the check"))
     cfg = ev.EvalConfig((ev.Benchmark("a", FileTaskConfig(path=str(FIXTURE), eval_path=str(FIXTURE)), size=1,
                                       sampling=SamplingConfig(max_prompt_len=96, max_new_tokens=2)),), reward_workers=0)
     with pytest.raises(ValueError, match=r"tensor model.layers.0.mlp.\w+_proj.weight has shape .*, expected .* from config.json"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fault_rewards
-from grpo_jax import algorithms, checkpoint, data, evaluation, models, run, trainer
+from grpo_jax import algorithms, checkpoint, data, evaluate, models, run, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, MeshConfig, OptimConfig, RewardConfig, SamplingConfig, TrainConfig, flatten
 from grpo_jax.data import CharTokenizer, samplers
@@ -559,7 +559,7 @@ def test_a_held_out_set_of_prime_size_evaluates_on_8_devices_each_problem_once(t
     n = cfg.train.eval_samples
     assert metrics["eval/accuracy_greedy"] == pytest.approx(np.mean(greedy))
     assert metrics["eval/accuracy_sampled"] == pytest.approx(sampled.sum() / (5 * n))
-    assert metrics["eval/pass@4"] == pytest.approx(np.mean(evaluation.pass_at_k(n, sampled, 4)))
+    assert metrics["eval/pass@4"] == pytest.approx(np.mean(evaluate.pass_at_k(n, sampled, 4)))
     assert metrics["eval/reward_sampled"] == pytest.approx(
         np.mean([r["sampled"]["reward_mean"] for r in records]))
 

@@ -61,7 +61,7 @@ class ColumnAdditionConfig(TaskConfig):
     held_out_fraction: float = 0.1
     # Edges (tokens of the reference completion with eos) of the length classes: an example's "bucket"
     # is "LO-HI" (the last "LO-inf"), as train.length_buckets names the train step's buckets, and the
-    # evaluation reports accuracy per bucket (grpo_jax.evaluation).
+    # evaluation reports accuracy per bucket (grpo_jax.evaluate.held_out_metrics).
     length_buckets: tuple[int, ...] = (32, 64)
 
     def __post_init__(self):
