@@ -77,8 +77,10 @@ def token_log_var(run, bucket: str) -> float:
 
 
 def noise_growth(run) -> float:
-    """log10 of the longest completions' token log-ratio variance over the shortest's."""
-    return float(np.log10(token_log_var(run, BUCKETS[-1]) / token_log_var(run, BUCKETS[0])))
+    """log10 of the longest completions' token log-ratio variance over the shortest's (nan where either is
+    missing or zero: no update moved the ratio, a seed that cannot count as growth)."""
+    short, long = token_log_var(run, BUCKETS[0]), token_log_var(run, BUCKETS[-1])
+    return float(np.log10(long / short)) if short > 0 and long > 0 else float("nan")
 
 
 def long_minus_short_gain(run) -> float:
