@@ -12,11 +12,13 @@ default (`jax_cpu_collectives_implementation`, as of JAX 0.10.2), so nothing is 
 """
 
 import argparse
+import json
 import pathlib
 import re
 import shutil
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from grpo_jax import host_memory
@@ -62,3 +64,14 @@ def remove(path: str | pathlib.Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(f"removed {path}")
+
+
+def all_gather_json(obj) -> list:
+    """Every process's `obj` (JSON-able: records each process built from its own rows), in process order,
+    on every process. A collective: every process calls it. Sent as UTF-8 bytes padded to the longest."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = multihost_utils.process_allgather(np.int64(data.size))
+    every = multihost_utils.process_allgather(np.pad(data, (0, int(sizes.max()) - data.size)))
+    return [json.loads(row[:k].tobytes()) for row, k in zip(every, sizes)]

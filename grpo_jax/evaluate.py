@@ -34,7 +34,8 @@ which `metrics` recomputes them) and results.md (the table). A set of any size r
 copies of the first problem whose rows enter no record, so every problem is evaluated exactly once.
 Every user error (an unknown benchmark, an empty set, k > n, a prompt too long, a checkpoint of another
 model) is raised before anything compiles. Over several processes every process runs the same command
-(with the launch flags of `grpo_jax.train`) and gathers every completion; process 0 writes.
+(with the launch flags of `grpo_jax.train`), decodes and scores only the rows its devices hold, and
+gathers every problem's record; process 0 writes.
 
 A run's checkpoint is evaluated on the run's mesh (`--set mesh.data=...` changes it, as on resume);
 `EvalConfig.mesh` and `model_options` apply to an HF directory.
@@ -262,12 +263,13 @@ def table(result: dict) -> str:
 
 def sample_set(p: Problems, model: models.ModelConfig, params, tokenizer, mesh, key, *, batch_problems: int,
                timeout_s: float, workers: int) -> list[dict]:
-    """Every problem's record under `params` (placed on `mesh`): its n samples, each with its answer,
-    correctness (None without a correctness reward), weighted reward and each reward, length, finish and
-    completion. Problems go `batch_problems` at a time (rounded up to the batch devices; the last call
-    padded with copies of problem 0, whose rows enter no record); call 0 samples with `key`, call c > 0
-    with fold_in(key, c). Rows are problem-major, given once per row (`sampling.rollout_rows`, as
-    rollouts are), each process passing only its own."""
+    """Every problem's record under `params` (placed on `mesh`), in problem order, on every process: its n
+    samples, each with its answer, correctness (None without a correctness reward), weighted reward and
+    each reward, length, finish and completion. Problems go `batch_problems` at a time (rounded up to the
+    batch devices; the last call padded with copies of problem 0, whose rows enter no record); call 0
+    samples with `key`, call c > 0 with fold_in(key, c). Rows are problem-major, given once per row
+    (`sampling.rollout_rows`, as rollouts are); each process passes, decodes and scores only the rows its
+    devices hold (`sharding.process_rows`), and the records are gathered (`distributed.all_gather_json`)."""
     shards = math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
     b, n, size = p.benchmark, p.benchmark.sampling.group_size, len(p.examples)
     per_call = min(-(-batch_problems // shards), -(-size // shards)) * shards
@@ -283,15 +285,18 @@ def sample_set(p: Problems, model: models.ModelConfig, params, tokenizer, mesh, 
         row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[mine // n], host), mesh, per_call * n)
         r = sampling.rollout_rows(model, b.sampling, stop_ids, mesh, params, row_prompts,
                                   key if call == 0 else jax.random.fold_in(key, call))
-        tokens, lengths, truncated = (x[:len(real) * n] for x in sharding.gather((r.tokens, r.lengths, r.truncated)))
-        rows = np.repeat(real, n)  # rows are problem-major: row j*n + g is sample g of problem real[j]
+        keep = mine < len(real) * n  # this process's rows of real problems
+        tokens, lengths, truncated = (sharding.local_rows(x, mine)[keep] for x in (r.tokens, r.lengths, r.truncated))
+        # a device holds per_call / shards whole problems: this process's rows are whole groups of n
+        problems = [real[j] for j in mine[keep][::n] // n]
+        rows = np.repeat(problems, n)
         completions = [tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
         scores, _, _ = rewards.score(fns, p.weights, [p.texts[i] for i in rows], completions,
                                      [p.examples[i] for i in rows], completion_lens=lengths.tolist(),
                                      timeout_s=timeout_s, num_workers=workers)
         total = scores @ weights
         right = None if checker is None else scores[:, checker] >= 1.0
-        for j, i in enumerate(real):
+        for j, i in enumerate(problems):
             group = range(j * n, (j + 1) * n)
             records.append({
                 "index": i, "prompt": p.texts[i], "reference": p.examples[i].get("answer"),
@@ -302,7 +307,9 @@ def sample_set(p: Problems, model: models.ModelConfig, params, tokenizer, mesh, 
                              "length": int(lengths[g]), "truncated": bool(truncated[g]),
                              "completion": completions[g]} for g in group],
             })
-    return records
+    # processes whose devices differ only along other mesh axes hold the same problems: keep one record each
+    every = {r["index"]: r for part in distributed.all_gather_json(records) for r in part}
+    return [every[i] for i in range(size)]
 
 
 def run_benchmarks(cfg: EvalConfig, sets: Sequence[Problems], model: models.ModelConfig, params, tokenizer,
@@ -462,5 +469,7 @@ def main(argv=None):
     print(table(result) + f"\nwrote {result['out']}/results.json and results.md")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # through the imported module: a benchmarks file's EvalConfig is its, not __main__'s
+    from grpo_jax import evaluate
+
+    evaluate.main()

@@ -275,3 +275,49 @@ def test_a_run_evaluates_its_benchmarks_file_at_every_evaluation_as_the_cli_does
         k: again["benchmarks"]["arith7"]["metrics"][k] for k in ("avg@n", "pass@2", "maj@2")}
     with pytest.raises(FileNotFoundError, match="train.eval_benchmarks=.*no such file"):
         run.train(override(cfg, [f"train.eval_benchmarks={tmp_path / 'none.py'}"]))
+
+
+def test_two_processes_score_only_their_rows_and_gather_every_problem_once(tmp_path):
+    """37 problems (prime) over 2 processes x 4 devices, the CLI as a cluster runs it: each process scores
+    only its own rows (a reward that notes every row it scores, per process), every problem is in the
+    records once, the metrics recompute from them, and the records are those of 1 process x 8 devices."""
+    from test_distributed import cluster, finish
+
+    tiny_hf_checkpoint(tmp_path / "hf")
+    scored = tmp_path / "scored"
+    scored.mkdir()
+    (tmp_path / "bench.py").write_text(f"""
+import json, os
+from grpo_jax import rewards
+from grpo_jax.config import ArithmeticConfig, SamplingConfig
+from grpo_jax.evaluate import Benchmark, EvalConfig
+
+def counted(prompt, completion, example, **_):
+    with open(os.path.join({str(scored)!r}, str(os.getpid())), "a") as f:
+        f.write(json.dumps(example["prompt"]) + "\\n")
+    return float(any(c.isdigit() for c in completion))
+
+rewards.register("test_evaluate_counted", correctness=True)(counted)  # once: load_config runs a file once
+
+def get_config():
+    return EvalConfig(benchmarks=(Benchmark("arith37", ArithmeticConfig(), size=37, reward="test_evaluate_counted",
+                                            ks=(2,), sampling=SamplingConfig(max_prompt_len=16, max_new_tokens=4,
+                                                                             group_size=2, temperature=1.0)),),
+                      reward_workers=0, batch_problems=16)
+""")
+    argv = ["-m", "grpo_jax.evaluate", "--benchmarks", str(tmp_path / "bench.py"), "--hf", str(tmp_path / "hf")]
+    procs = cluster([*argv, "--out", str(tmp_path / "two")], 2, tmp_path / "logs")
+    finish(procs, tmp_path / "logs")
+    two = json.loads((tmp_path / "two" / "results.json").read_text())["benchmarks"]["arith37"]
+    held_out = ArithmeticConfig().sources(0)[1]
+    assert [r["index"] for r in two["records"]] == list(range(37))
+    assert two["metrics"] == ev.metrics(two["records"], 2, (2,)) and 0 < two["metrics"]["avg@n"] < 1
+    # batches of 16 problems: process 0's devices hold problems 0-7 of each, process 1's 8-15 (none of the
+    # last batch's 5 real ones); together every row once
+    counts = [[json.loads(line) for line in (scored / str(p.pid)).read_text().splitlines()] for p in procs]
+    want = [[held_out[i]["prompt"] for i in problems for _ in range(2)]
+            for problems in ([*range(8), *range(16, 24), *range(32, 37)], [*range(8, 16), *range(24, 32)])]
+    assert counts == want
+    ev.main(["--benchmarks", str(tmp_path / "bench.py"), "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "one")])
+    one = json.loads((tmp_path / "one" / "results.json").read_text())["benchmarks"]["arith37"]
+    assert two == one
