@@ -12,13 +12,14 @@ sampled ahead while the updates ran). Host CPU cores are shared by both sides: o
 sum of the phases by much here.
 
 Modelled: the gsm8k config's step (64 prompts x 8, prompts <= 256, completions <= 512) for Qwen3-1.7B
-and 8B on 8 and 64 H100s, the devices split in halves. Train time = its FLOPs (bench/roofline.py) at
-MFU x peak over the trainer's devices; generation time = each decode step's max of reading the
-sampler's weights from HBM and its FLOPs at MFU x peak (the prefill by FLOPs); transfer = the params
-(float32, as trained) into each sampler device, which holds them whole (mesh.sampler splits rows
-only), at its ingress bandwidth. Synchronous on all devices: gen + train; pipelined on the split (sampler
-+ trainer devices) with the shortest step: max(gen, train) + transfer. The hardware numbers are the vendor's peak figures, the MFU an assumption: rules of thumb, not
-measurements. Writes bench/results/async_pipeline[_<overrides>].json.
+and 8B on 8 and 64 H100s, the devices split in halves. Train and generation times are the memory
+plan's time model (`scale_plan.step_seconds`): train = its FLOPs (bench/roofline.py) at MFU x peak over
+the trainer's devices; generation = each decode step's max of reading the sampler's weights from HBM
+and its FLOPs at MFU x peak (the prefill by FLOPs); transfer = the params (float32, as trained) into
+each sampler device, which holds them whole (mesh.sampler splits rows only), at its ingress bandwidth.
+Synchronous on all devices: gen + train; pipelined on the split (sampler + trainer devices) with the
+shortest step: max(gen, train) + transfer. The hardware numbers are the vendor's peak figures, the MFU
+an assumption: rules of thumb, not measurements. Writes bench/results/async_pipeline[_<overrides>].json.
 """
 
 import argparse
@@ -36,10 +37,10 @@ from bench import roofline, scale_plan, workload  # noqa: E402
 from bench.common import RESULTS  # noqa: E402
 
 GIB = 2**30
-# H100 SXM: dense bf16 peak, HBM bandwidth, per-GPU ingress over NVLink (8 in a node) and over the
-# node's InfiniBand (400 Gb/s per GPU) once the sampler's and trainer's devices sit in other nodes
-H100 = dict(peak_flops=989e12, hbm_bytes_per_s=3.35e12, link_bytes_per_s={8: 450e9, 64: 50e9}, memory_gib=80)
-MFU = 0.4
+# H100 SXM: the time model's peak and HBM bandwidth, per-GPU ingress over NVLink (8 in a node) and over
+# the node's InfiniBand (400 Gb/s per GPU) once the sampler's and trainer's devices sit in other nodes
+H100 = dict(scale_plan.CHIPS["H100"], link_bytes_per_s={8: 450e9, 64: 50e9}, memory_gib=80)
+MFU = scale_plan.MFU
 
 
 def measure(steps: int, sets: list[str]) -> list[dict]:
@@ -67,22 +68,11 @@ def model(name: str, devices: int) -> dict:
     import jax
 
     from grpo_jax import models
-    from grpo_jax.train import load_config
 
     cfg = scale_plan.model_configs()[name]
-    base = load_config(scale_plan.ROOT / "experiments" / "configs" / "gsm8k.py")
-    s, prompts = base.sampling, base.train.prompts_per_step
     params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))))
-    flops = H100["peak_flops"] * MFU
-    train = lambda n: roofline.train_flops(cfg, prompts * s.group_size, s.max_prompt_len + s.max_new_tokens,  # noqa: E731
-                                           s.max_new_tokens) / (n * flops)
-
-    def gen(n):  # per decode step: the weights (bf16 compute reads them once) or the FLOPs, whichever is slower
-        step_flops = roofline.decode_flops(cfg, prompts, s.group_size, s.max_prompt_len, 2) - roofline.decode_flops(
-            cfg, prompts, s.group_size, s.max_prompt_len, 1)
-        prefill = roofline.decode_flops(cfg, prompts, s.group_size, s.max_prompt_len, 1) / (n * flops)
-        return prefill + (s.max_new_tokens - 1) * max(2 * params / H100["hbm_bytes_per_s"], step_flops / (n * flops))
-
+    gen = lambda n: scale_plan.step_seconds(name, n, "H100")["gen_s"]  # noqa: E731
+    train = lambda n: scale_plan.step_seconds(name, n, "H100")["train_s"]  # noqa: E731
     transfer_bytes = 4 * params  # float32 params, whole on every sampler device
     transfer = transfer_bytes / H100["link_bytes_per_s"][devices]
     sync = gen(devices) + train(devices)

@@ -1,4 +1,4 @@
-"""Memory plan: per-device bytes of the gsm8k config's train step and sampler at Qwen3 sizes.
+"""Memory plan: per-device bytes of the gsm8k config's train step and sampler at Qwen3 sizes (and a time model).
 
 Each (model, device count) cell runs in a subprocess that simulates that many CPU devices (the count
 is fixed before jax is imported). It lowers the train step (`train_step.compiled_train_step`) and the
@@ -22,6 +22,12 @@ completions <= 512 tokens, 4 minibatches of 128 completions, 4 micro-batches of 
 Long rollouts: `--max-new-tokens 16384 --slots-per-device K` plans completions of up to 16k tokens,
 decoded on K slots per device holding rows (`sampling.decode_slots`; 0: all rows at once), into
 results/scale_plan_new16384_slotsK.json.
+
+Time, modelled (`--time`: a table, nothing compiled; `step_seconds`): the same step on each chip's vendor
+peak figures (CHIPS) at an assumed MFU. Train = its FLOPs (bench/roofline.py) at MFU x peak over the
+devices; generation = the prefill by FLOPs, then per decode step the slower of reading the bf16 weights
+(whole on every device: the sampler gathers them over fsdp) and its FLOPs. Rules of thumb, not
+measurements: no communication, no host work, every completion at its full length.
 """
 
 import argparse
@@ -45,6 +51,12 @@ MESHES = {
     "dense": {8: (8, 1, 1), 64: (32, 2, 1), 256: (32, 8, 1)},
     "moe": {8: (8, 1, 1), 64: (16, 1, 4), 256: (32, 2, 4)},
 }
+
+
+# Dense bf16 FLOP/s and HBM bytes/s per chip (vendor figures), and the MFU the time model assumes
+CHIPS = {"v5e": dict(peak_flops=197e12, hbm_bytes_per_s=819e9), "v5p": dict(peak_flops=459e12, hbm_bytes_per_s=2.765e12),
+         "H100": dict(peak_flops=989e12, hbm_bytes_per_s=3.35e12)}
+MFU = 0.4
 
 
 def model_configs():
@@ -133,6 +145,38 @@ def cell(name: str, devices: int, moe_impl: str, max_new_tokens: int = 0, slots_
     return out
 
 
+def step_seconds(name: str, devices: int, chip: str, mfu: float = MFU) -> dict[str, float]:
+    """{"gen_s", "train_s", "step_s"} of one synchronous step of the planned run on `devices` chips
+    (module docstring: the time model)."""
+    import jax
+
+    from bench import roofline
+    from grpo_jax import models
+    from grpo_jax.train import load_config
+
+    cfg, hw = model_configs()[name], CHIPS[chip]
+    base = load_config(ROOT / "experiments" / "configs" / "gsm8k.py")
+    s, prompts, flops = base.sampling, base.train.prompts_per_step, devices * hw["peak_flops"] * mfu
+    params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))))
+    decode = lambda new: roofline.decode_flops(cfg, prompts, s.group_size, s.max_prompt_len, new)  # noqa: E731
+    gen = decode(1) / flops + (s.max_new_tokens - 1) * max(2 * params / hw["hbm_bytes_per_s"], (decode(2) - decode(1)) / flops)
+    train = roofline.train_flops(cfg, prompts * s.group_size, s.max_prompt_len + s.max_new_tokens, s.max_new_tokens) / flops
+    return dict(gen_s=gen, train_s=train, step_s=gen + train)
+
+
+def time_table(devices: tuple[int, ...] = (8, 64)) -> str:
+    """The modelled step (gen + train seconds) per model, device count and chip, and 500 steps in hours."""
+    lines = ["| model | devices | " + " | ".join(f"{c} step s (gen + train) | {c} 500 steps h" for c in CHIPS) + " |",
+             "|" + "---|" * (2 + 2 * len(CHIPS))]
+    for name in model_configs():
+        for n in devices:
+            t = {c: step_seconds(name, n, c) for c in CHIPS}
+            lines.append(f"| {name} | {n} | " + " | ".join(
+                f"{r['step_s']:.2f} ({r['gen_s']:.2f} + {r['train_s']:.2f}) | {500 * r['step_s'] / 3600:.2f}"
+                for r in t.values()) + " |")
+    return f"modelled at MFU {MFU} on vendor peaks\n" + "\n".join(lines)
+
+
 def run_cell(name: str, devices: int, moe_impl: str, max_new_tokens: int, slots_per_device: int) -> dict:
     """`cell` in a fresh process with `devices` simulated CPU devices; records its wall time and peak RSS."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -184,7 +228,11 @@ def main():
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=0, help="completion length (0: the gsm8k config's)")
     parser.add_argument("--slots-per-device", type=int, default=0, help="decode slots per device holding rows (0: all rows)")
+    parser.add_argument("--time", action="store_true", help="print the modelled step times (nothing compiled)")
     args = parser.parse_args()
+    if args.time:
+        print(time_table())
+        return
     long = (args.max_new_tokens, args.slots_per_device)
     if args.cell:  # jax is imported after this: the simulated device count takes effect
         os.environ.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={args.cell[1]}")

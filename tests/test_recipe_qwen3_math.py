@@ -82,3 +82,19 @@ def test_each_training_part_maps_its_fixture(name):
     part = next(p for p in recipe.mixture(DATA).parts if p.name == name)
     train, held_out = part.task.sources(0)
     assert held_out is None and all(train[i]["answer"] for i in range(len(train)))
+
+
+def test_the_docstrings_step_times_are_the_scale_plans_time_model():
+    """The recipe keeps the shapes the plan models (the gsm8k config's), and its docstring quotes the plan's
+    modelled step (bench.scale_plan.step_seconds) of Qwen3-1.7B on 8 and 64 chips."""
+    from bench import scale_plan
+
+    cfg, planned = recipe.get_config(), load_config(CONFIGS / "gsm8k.py")
+    assert (cfg.sampling, cfg.model_options, cfg.train.prompts_per_step, cfg.train.minibatches, cfg.train.steps) == (
+        planned.sampling, planned.model_options, planned.train.prompts_per_step, planned.train.minibatches, planned.train.steps)
+    for devices in (8, 64):
+        times = {chip: scale_plan.step_seconds("Qwen3-1.7B", devices, chip) for chip in ("v5e", "v5p", "H100")}
+        line = f"{devices} chips: " + "; ".join(
+            f"{chip} {t['step_s']:.1f} s ({t['gen_s']:.1f} + {t['train_s']:.1f}), {cfg.train.steps * t['step_s'] / 3600:.2f} h"
+            for chip, t in times.items())
+        assert line in recipe.__doc__

@@ -19,8 +19,20 @@ Adam state, bfloat16 compute, remat "dots", layers scanned; 64 prompts x 8, prom
 completions <= 512 tokens, micro-batches of 32) at Qwen3-1.7B's size: per device, 13.9 GiB at peak on 8
 devices (fsdp 8: params 0.8, optimizer state 1.6, train-step temporaries 11.5, sampler 10.3), 2.9 GiB on
 64 (fsdp 32 x tensor 2). So 8 chips suffice on each target: TPU v5e (16 GiB), TPU v5p (95 GiB) and H100
-(80 GiB); v5e with the least headroom. The plan measures memory, not time; completions longer than 512
-tokens grow the train step's temporaries with the sequence (its 16k-token rows need remat "full").
+(80 GiB); v5e with the least headroom. Completions longer than 512 tokens grow the train step's
+temporaries with the sequence (its 16k-token rows need remat "full").
+
+Expected time, from the plan's time model (`python -m bench.scale_plan --time`): modelled, not measured.
+The step's FLOPs run at an assumed MFU of 0.4 of each chip's vendor bf16 peak, and decoding is bound by
+reading the whole weights from HBM on every chip; communication, host work and reward checks are not
+counted, and every completion runs to 512 tokens. Seconds per step (generation + training), then the
+500 steps in hours, for Qwen3-1.7B:
+
+    8 chips: v5e 8.6 s (2.2 + 6.4), 1.19 h; v5p 3.4 s (0.7 + 2.7), 0.47 h; H100 1.8 s (0.5 + 1.3), 0.25 h
+    64 chips: v5e 3.0 s (2.2 + 0.8), 0.41 h; v5p 1.0 s (0.6 + 0.3), 0.14 h; H100 0.7 s (0.5 + 0.2), 0.10 h
+
+About 10, 4 and 2 chip-hours on 8 chips. More chips shrink only the training half (each decodes with
+the whole weights), so 8 chips are the economical mesh. Evaluation is on top.
 """
 
 import dataclasses
