@@ -23,6 +23,7 @@ from grpo_jax.data.hf import HFTaskConfig, MixtureTaskConfig, Part  # noqa: F401
 from grpo_jax.data.reasoning import ColumnAdditionConfig  # noqa: F401  (re-export)
 from grpo_jax.data.tasks import ArithmeticConfig, CountdownConfig, TaskConfig, task_name  # noqa: F401
 from grpo_jax.data.templates import PLAIN, PromptTemplate
+from grpo_jax.envs import EnvConfig
 from grpo_jax.logging import TRACKERS
 from grpo_jax.lora import LoraConfig
 from grpo_jax.metrics import EDGES_RULE, edges_increase
@@ -193,8 +194,8 @@ class TrainConfig:
     # same params and batch (routing.ratio_by_routes): the part of the ratio's drift that routing
     # changes cause (GSPO sec. 5.3). One more forward per update.
     compare_routes: bool = False
-    # Trackers that also get every logged row's scalars, by package name (grpo_jax.logging.TRACKERS: "wandb");
-    # metrics.jsonl and TensorBoard are always written.
+    # Trackers that also get every logged row's scalars, by package name (grpo_jax.logging.TRACKERS:
+    # "wandb", "mlflow"); metrics.jsonl and TensorBoard are always written.
     report_to: tuple[str, ...] = ()
     # Bounded staleness (asynchronous RL): the rollout of step t is sampled with the params of step
     # max(0, t - k) while the trainer runs the steps between (on one mesh by JAX's async dispatch, or on
@@ -267,6 +268,7 @@ class Config:
     template: PromptTemplate = PLAIN
     reward: RewardConfig = RewardConfig(names=("exact",))
     train: TrainConfig = TrainConfig()
+    env: EnvConfig | None = None  # multi-turn rollouts with a registered environment (grpo_jax.envs); --set env=NAME
 
     def __post_init__(self):
         if not isinstance(self.task, TaskConfig):
@@ -286,6 +288,7 @@ class Config:
                 raise ValueError(f"Config.{key}={value!r} overflows float32 (|x| <= {FLOAT32_MAX:.8g}), as which it "
                                  "reaches the device: lower it")
         alg = self.algorithm
+        self._check_env()
         if self.train.max_staleness and not alg.loss.spec.ratio and alg.tis_level is None:
             raise ValueError(
                 f"train.max_staleness={self.train.max_staleness} trains on samples of older params, but "
@@ -307,6 +310,20 @@ class Config:
                                  f"{self.model.model_type} model has no MoE layer; set it to False")
 
 
+    def _check_env(self) -> None:
+        if self.env is not None and not isinstance(self.env, EnvConfig):
+            raise TypeError(f"Config.env={self.env!r} is not an environment: use a registered one (grpo_jax.envs.ENVS)")
+        if (self.env is None) == ("env" in self.reward.names):
+            raise ValueError("reward.names holds 'env' (the environment's return) exactly when Config.env is set: "
+                             f"env={None if self.env is None else self.env.name!r}, reward.names={self.reward.names}")
+        if self.env is not None and self.train.max_staleness:
+            raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
+                             "sampled synchronously; set train.max_staleness=0")
+        if self.env is not None and self.algorithm.sampler.spec.replays:
+            raise ValueError(f"algorithm.sampler={self.algorithm.sampler.name!r} replays stored groups, which keep no "
+                             "observation mask: use a sampler without replays with Config.env")
+
+
 def check_routing_replay(algorithm: AlgorithmConfig, model: ModelConfig) -> None:
     """Routing replay needs a mixture-of-experts model (`trainer.check` runs this on a model_path's
     config.json before any weight loads)."""
@@ -324,7 +341,7 @@ def flatten(cfg) -> dict:
     def walk(obj, prefix):
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if isinstance(value, (TaskConfig, Params)):
+            if isinstance(value, (TaskConfig, Params, EnvConfig)):
                 yield f"{prefix}{f.name}", task_name(value) if isinstance(value, TaskConfig) else value.name
             if dataclasses.is_dataclass(value):
                 yield from walk(value, f"{prefix}{f.name}.")

@@ -193,16 +193,22 @@ def check_prompts(cfg: ModelConfig, prompts: Prompts, sampling_cfg: SamplingConf
             f"prompt {int(np.argmax(lengths > width))} claims {lengths.max()} tokens > "
             f"SamplingConfig.max_prompt_len={width}: raise max_prompt_len or truncate the prompt"
         )
+    return stop_ids(cfg, sampling_cfg)
+
+
+def stop_ids(cfg: ModelConfig, sampling_cfg: SamplingConfig) -> tuple[int, ...]:
+    """`ModelConfig.eos_token_id` and `SamplingConfig.stop_tokens`, checked against the vocabulary;
+    none with `ignore_eos`."""
     if sampling_cfg.ignore_eos:
         return ()
     eos = cfg.eos_token_id
-    stop_ids = tuple(sorted({*((eos,) if isinstance(eos, int) else eos or ()), *sampling_cfg.stop_tokens}))
-    if any(not 0 <= i < cfg.vocab_size for i in stop_ids):
+    ids = tuple(sorted({*((eos,) if isinstance(eos, int) else eos or ()), *sampling_cfg.stop_tokens}))
+    if any(not 0 <= i < cfg.vocab_size for i in ids):
         raise ValueError(
-            f"stop ids {stop_ids} (ModelConfig.eos_token_id + SamplingConfig.stop_tokens) must lie in "
+            f"stop ids {ids} (ModelConfig.eos_token_id + SamplingConfig.stop_tokens) must lie in "
             f"[0, vocab_size={cfg.vocab_size})"
         )
-    return stop_ids
+    return ids
 
 
 def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):

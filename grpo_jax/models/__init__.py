@@ -29,6 +29,9 @@ continue them, each with its own tokens.
         one token per slot, written at its slot's place `written[s]`, attending to its lane's prompt
         `prompt[lane, s]` and its slot's tokens so far (lanes: one per device holding rows on a mesh)
     params = unstack_layers(params)          # one weight tree per layer: unrolled, decode reads them in place
+    hidden, new_kv = extend(cfg, params, cache_kv, cache_segment_ids, tokens, positions, segment_ids)
+        T new tokens per row after its own cached ones (multi-turn rollouts: an observation, then each
+        sampled token), their k and v returned for the caller to write into its cache
 
 `cache_shardings(cfg, mesh, *cache_specs' shape)` shards the cache, `param_shardings(tree, cfg, mesh)` /
 `shard_params(params, cfg, mesh)` the params and the optimizer state (by `grpo_jax.sharding`'s rules).
@@ -49,6 +52,7 @@ from grpo_jax.models.decoder import (
     cache_shardings,
     cache_specs,
     decode,
+    extend,
     forward,
     forward_shared_prefix,
     forward_with_aux,
@@ -78,6 +82,7 @@ __all__ = [
     "cache_shardings",
     "cache_specs",
     "decode",
+    "extend",
     "forward",
     "forward_shared_prefix",
     "forward_with_aux",

@@ -631,6 +631,25 @@ def decode(
 
 
 @checked
+def extend(
+    cfg: ModelConfig,
+    params: Params,
+    cache_kv: tuple[Array, Array],
+    cache_segment_ids: Int[ArrayLike, "batch cache_len"],
+    tokens: Int[ArrayLike, "batch time"],
+    positions: Int[ArrayLike, "batch time"],
+    segment_ids: Int[ArrayLike, "batch time"],
+) -> tuple[Float[Array, "batch time embed"], tuple[Array, Array]]:
+    """Encodes T new tokens of each row after the row's cached ones, without re-encoding them: `cache_kv`
+    (k [layers, batch, kv_heads, head_dim, cache_len], v [layers, batch, kv_heads, cache_len, head_dim],
+    `prefill`'s layout) with segment id 0 on places not yet written. Returns (final normed hidden, the
+    new tokens' k and v in that layout). The multi-turn sampler's one forward (`grpo_jax.multi_turn`)."""
+    hidden, _, aux = _decoder(cfg, params, tokens, positions, segment_ids, cache_segment_ids.shape[1],
+                              prefix=(*cache_kv, cache_segment_ids), emit_kv=True)
+    return hidden, aux["kv"]
+
+
+@checked
 def forward_shared_prefix(
     cfg: ModelConfig,
     params: Params,

@@ -73,7 +73,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _serve(conn: multiprocessing.connection.Connection, parent: int) -> None:
-    """Worker loop: receive (fn, args, kwargs), answer (ok, float or error text)."""
+    """Worker loop: receive (fn, args, kwargs), answer (ok, the value or error text)."""
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     _die_with_parent(parent)
@@ -85,7 +85,7 @@ def _serve(conn: multiprocessing.connection.Connection, parent: int) -> None:
         except EOFError:
             return
         try:
-            conn.send((True, float(fn(*args, **kwargs))))
+            conn.send((True, fn(*args, **kwargs)))
         except Exception as e:  # noqa: BLE001 (any failure of a reward scores 0)
             conn.send((False, f"{type(e).__name__}: {e}"))
 
@@ -125,7 +125,7 @@ class _Pool:
         for worker in self.workers:
             worker.kill()
 
-    def run(self, jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, float | str]]:
+    def run(self, jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, object]]:
         results: list = [None] * len(jobs)
         pending = collections.deque(enumerate(jobs))
         idle = [w for w in self.workers if w.ready]
@@ -227,20 +227,39 @@ def check_sendable(reward_fns: Mapping[str, Callable]) -> None:
             )
 
 
-def _run_here(jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, float | str]]:
+def _run_here(jobs: Sequence[tuple], timeout_s: float) -> list[tuple[str, object]]:
     """The jobs in this process, in order, as `_Pool.run` reports them. A call cannot be stopped here:
     one that overruns `timeout_s` is reported as a timeout once it returns."""
     results = []
     for fn, args, kwargs in jobs:
         start = time.monotonic()
         try:
-            value = float(fn(*args, **kwargs))
+            value = fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 (any failure of a reward scores 0)
             results.append(("error", f"{type(e).__name__}: {e}"))
             continue
         took = time.monotonic() - start
         results.append(("timeout", f"took {took:.1f}s, over {timeout_s}s") if took > timeout_s else ("ok", value))
     return results
+
+
+def run(jobs: Sequence[tuple], timeout_s: float, num_workers: int) -> list[tuple[str, object]]:
+    """(fn, args, kwargs) jobs -> ("ok", value) or ("error" | "timeout", why), in order: each in a
+    worker of the pool of `num_workers` (started on first use), killed past `timeout_s`; 0: here."""
+    if num_workers and num_workers not in _POOLS:
+        _POOLS[num_workers] = _Pool(num_workers)
+    return _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
+
+
+def _number(outcome: tuple[str, object]) -> tuple[str, object]:
+    """A reward call's outcome with its value as a float; a value that is not a number is an error."""
+    status, value = outcome
+    if status != "ok":
+        return outcome
+    try:
+        return "ok", float(value)
+    except (TypeError, ValueError) as e:
+        return "error", f"{type(e).__name__}: {e}"
 
 
 def _name(fn: Callable) -> str:
@@ -279,15 +298,13 @@ def score(
         )
     if len(weights) != k:
         raise ValueError(f"score: {len(weights)} weights for {k} reward functions")
-    if num_workers and num_workers not in _POOLS:
-        _POOLS[num_workers] = _Pool(num_workers)
     start = time.perf_counter()
     jobs = [
         (fn, (prompts[i], completions[i], examples[i]), {} if completion_lens is None else {"completion_len": int(completion_lens[i])})
         for i in range(n)
         for fn in reward_fns
     ]
-    outcomes = _POOLS[num_workers].run(jobs, timeout_s) if num_workers else _run_here(jobs, timeout_s)
+    outcomes = [_number(o) for o in run(jobs, timeout_s, num_workers)]
     with np.errstate(over="ignore"):  # 1e300 becomes inf in float32: a non-finite reward
         values = np.array([v if s == "ok" else 0.0 for s, v in outcomes], np.float32)
     kinds = [s if s != "ok" or np.isfinite(v) else "nonfinite" for (s, _), v in zip(outcomes, values)]

@@ -1,0 +1,197 @@
+"""Multi-turn rollouts: the policy generates a turn, the environment (`grpo_jax.envs`) answers, its
+observation's tokens go into the same KV cache, and the policy continues.
+
+Each row keeps its whole trajectory (prompt, turns, observations) in a cache of its own, written in
+place: a turn begins by encoding only the tokens new to the cache (the prompt; later the turn's last
+sampled token and the observation) in one `models.extend`, then samples one token at a time
+(`models.extend` of one token) until a stop id: the end token, `SamplingConfig.stop_tokens` or the
+environment's `call_end`. Nothing is ever encoded twice. All rows decode together in a
+`jax.lax.while_loop` that ends when every row's turn has; a row whose trajectory has ended takes no
+part in later turns (its cache writes are dropped). Between turns the host decodes each row's turn,
+calls `env.step` and tokenizes the observation.
+
+A trajectory stops when the environment says done, at `env.max_turns` turns, or when the prompt's
+continuation reaches `SamplingConfig.max_new_tokens` tokens (turns and observations together: the
+token budget; an observation is cut so the policy keeps at least one token). The `sampling.Rollout`
+lays the trajectory after the prompt: tokens of turns and observations in order, `mask` 1 on the
+policy's tokens only (so observations leave the loss, the ratio, KL, entropy and every normalizer),
+`logprobs` the sampler's on those, `lengths` the whole continuation, `truncated` when the budget ended
+it. Row p*G + g draws token t of its continuation from the key of (rng, p, g, t), as `sampling` does:
+a rerun from the same params and rng is the same trajectory.
+
+`extend` attends over the row's whole cache each token (a dense cache, not the slot blocks of
+`sampling`): what multi-turn tool use needs at the scale of the tests and the study.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from grpo_jax import envs, models, sampling, sharding
+from grpo_jax.config import ModelConfig, SamplingConfig
+
+
+@dataclasses.dataclass
+class Turns:
+    """One row's trajectory on the host: the policy's turns, the observations after them, each turn's
+    reward (the last one is the final reward) and the number of policy tokens of each turn."""
+
+    completions: list[str] = dataclasses.field(default_factory=list)
+    observations: list[str] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    lengths: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        """The trajectory's return: its turns' rewards summed."""
+        return float(sum(self.rewards))
+
+
+def stop_ids(cfg: ModelConfig, sampling_cfg: SamplingConfig, env: envs.EnvConfig, tokenizer) -> tuple[int, ...]:
+    """The ids that end a turn (`sampling.stop_ids` and `env.call_end`, which must be one token),
+    checked on the host before anything compiles."""
+    if sampling_cfg.ignore_eos:
+        raise ValueError("sampling.ignore_eos=True never ends a turn: set it False with an env")
+    ids = set(sampling.stop_ids(cfg, sampling_cfg))
+    if env.call_end:
+        end = tokenizer.encode(env.call_end, continuation=True)
+        if len(end) != 1:
+            raise ValueError(f"env.call_end={env.call_end!r} is {len(end)} tokens {end} of this tokenizer; a turn "
+                             "ends at one token: pick a call_end the tokenizer encodes as one token")
+        ids.add(end[0])
+    return tuple(sorted(ids))
+
+
+def _init_cache(cfg: ModelConfig, rows: int, length: int) -> dict:
+    k = (cfg.num_layers, rows, cfg.num_kv_heads, cfg.head_dim, length)
+    v = (cfg.num_layers, rows, cfg.num_kv_heads, length, cfg.head_dim)
+    return dict(k=jnp.zeros(k, cfg.jnp_compute_dtype), v=jnp.zeros(v, cfg.jnp_compute_dtype),
+                segment_ids=jnp.zeros((rows, length), jnp.int32), written=jnp.zeros(rows, jnp.int32))
+
+
+def _cache_shardings(mesh: Mesh) -> dict:
+    """The cache's rows split by the `batch` rule: axis 1 of k and v (after the layers), 0 of the rest."""
+    rows = NamedSharding(mesh, P(sharding.RULES["batch"]))
+    layers_rows = NamedSharding(mesh, P(None, sharding.RULES["batch"]))
+    return dict(k=layers_rows, v=layers_rows, segment_ids=rows, written=rows)
+
+
+def _on_rows(mesh: Mesh | None, cache: dict) -> dict:
+    return cache if mesh is None else jax.lax.with_sharding_constraint(cache, _cache_shardings(mesh))
+
+
+def _feed(cfg: ModelConfig, params, cache: dict, tokens: Int[Array, "rows time"], count: Int[Array, "rows"]):
+    """Encodes the first count[b] of `tokens[b]` after row b's cached tokens and writes them into the
+    cache (count 0: nothing); returns the logits after each row's last new token and the cache."""
+    rows, width = tokens.shape
+    t = jnp.arange(width)
+    new = t < count[:, None]
+    hidden, (k, v) = models.extend(cfg, params, (cache["k"], cache["v"]), cache["segment_ids"], tokens,
+                                   cache["written"][:, None] + t, new.astype(jnp.int32))
+    places = jnp.where(new, cache["written"][:, None] + t, cache["segment_ids"].shape[1])  # past the end: dropped
+    r = jnp.arange(rows)[:, None]
+    cache = dict(
+        k=cache["k"].at[:, r, :, :, places].set(jnp.moveaxis(k, (1, 4), (0, 1)), mode="drop"),
+        v=cache["v"].at[:, r, :, places].set(jnp.moveaxis(v, (1, 3), (0, 1)), mode="drop"),
+        segment_ids=cache["segment_ids"].at[r, places].set(1, mode="drop"),
+        written=cache["written"] + count,
+    )
+    last = hidden[jnp.arange(rows), jnp.maximum(count - 1, 0)]
+    return models.unembed(cfg, params, last), cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+def turn(
+    cfg: ModelConfig, sampling_cfg: SamplingConfig, stop: tuple[int, ...], mesh: Mesh | None, params, cache: dict,
+    chunk: Int[Array, "rows time"], count: Int[Array, "rows"], keys: Key[Array, "rows"], used: Int[Array, "rows"],
+    room: Int[Array, "rows"],
+) -> tuple[Int[Array, "rows new"], Float[Array, "rows new"], Int[Array, "rows"], dict]:
+    """One turn of every row with count[b] > 0: encode its `chunk`, then draw tokens (token i of the
+    continuation from fold_in(keys[b], used[b] + i)) until a stop id or room[b] tokens. Returns the
+    turn's tokens, their log-probs (tempered full distribution, as `sampling.sample`), how many, and
+    the cache, which holds every token but each row's last one."""
+    with sharding.activation_rules(mesh):
+        params = sampling._decoding_params(cfg, params, mesh)
+        rows, new = chunk.shape[0], sampling_cfg.max_new_tokens
+        logits, cache = _feed(cfg, params, _on_rows(mesh, cache), chunk, count)
+        out = dict(tokens=jnp.zeros((rows, new), jnp.int32), logprobs=jnp.zeros((rows, new), jnp.float32),
+                   n=jnp.zeros(rows, jnp.int32))
+
+        def draw(logits, live, out):
+            token, logprob = sampling.sample(logits, jax.vmap(jax.random.fold_in)(keys, used + out["n"]), sampling_cfg)
+            at = jnp.where(live, out["n"], new)  # rows not live write nothing
+            out = dict(tokens=out["tokens"].at[jnp.arange(rows), at].set(token, mode="drop"),
+                       logprobs=out["logprobs"].at[jnp.arange(rows), at].set(logprob, mode="drop"),
+                       n=out["n"] + live)
+            return token, live & ~jnp.isin(token, jnp.asarray(stop, jnp.int32)) & (out["n"] < room), out
+
+        def body(loop):
+            token, live, out, cache = loop
+            logits, cache = _feed(cfg, params, cache, token[:, None], live.astype(jnp.int32))
+            return *draw(logits, live, out), _on_rows(mesh, cache)
+
+        loop = (*draw(logits, count > 0, out), cache)
+        _, _, out, cache = jax.lax.while_loop(lambda loop: jnp.any(loop[1]), body, loop)
+        return out["tokens"], out["logprobs"], out["n"], cache
+
+
+def rollout(
+    cfg: ModelConfig, sampling_cfg: SamplingConfig, env: envs.EnvConfig, tokenizer, mesh: Mesh | None, params,
+    row_prompts: sampling.Prompts, examples: list[dict], rng: Key[Array, ""],
+) -> tuple[sampling.Rollout, list[Turns]]:
+    """Trajectories of `row_prompts` (one left-padded prompt per row, row p*G + g sample g of prompt
+    p, as `sampling.rollout_rows`; `examples[b]` row b's example, which `env.step` sees): the Rollout
+    (see the module docstring) and each row's `Turns`. One process (the host reads every row)."""
+    if row_prompts.temperatures is not None:
+        raise ValueError("a multi-turn rollout samples at sampling.temperature: use a prompt sampler without "
+                         "temperatures (algorithm.sampler)")
+    sampling.check_prompts(cfg, row_prompts, sampling_cfg)
+    stop = stop_ids(cfg, sampling_cfg, env, tokenizer)
+    budget, g = sampling_cfg.max_new_tokens, sampling_cfg.group_size
+    prompts, lengths = np.asarray(row_prompts.tokens), np.asarray(row_prompts.lengths)
+    rows, width = prompts.shape
+    put = (lambda x: x) if mesh is None else lambda x: jax.device_put(x, sharding.batch_sharding(mesh, np.ndim(x)))
+    keys = put(sampling.row_keys(rng, rows // g, g))
+    cache = _init_cache(cfg, rows, width + budget)
+    if mesh is not None:
+        cache = jax.device_put(cache, _cache_shardings(mesh))
+    chunk = np.zeros((rows, width), np.int32)  # right-aligned: a turn's new tokens come first
+    for b in range(rows):
+        chunk[b, : lengths[b]] = prompts[b, width - lengths[b]:]
+    count = lengths.astype(np.int32)
+    tokens, mask, logprobs = (np.zeros((rows, budget), d) for d in (np.int32, bool, np.float32))
+    used, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
+    turns = [Turns() for _ in range(rows)]
+    obs_width = 1 + env.max_observation_tokens
+    for t in range(env.max_turns):
+        out, lps, n, cache = turn(cfg, sampling_cfg, stop, mesh, params, cache, put(chunk), put(count), keys,
+                                  put(used), put(budget - used))
+        out, lps, n = np.asarray(out), np.asarray(lps), np.asarray(n)
+        chunk, nxt = np.zeros((rows, obs_width), np.int32), np.zeros(rows, np.int32)
+        for b in np.flatnonzero(count):
+            k, u = int(n[b]), int(used[b])
+            tokens[b, u: u + k], mask[b, u: u + k], logprobs[b, u: u + k] = out[b, :k], True, lps[b, :k]
+            used[b] += k
+            last = bool(t == env.max_turns - 1 or used[b] == budget)
+            text, r = tokenizer.decode(out[b, :k]), turns[b]
+            step = env.step(envs.State(examples[b], tuple(r.completions), tuple(r.observations), last), text)
+            r.completions.append(text), r.rewards.append(float(step.reward)), r.lengths.append(k)
+            truncated[b] = used[b] == budget and not step.done
+            if step.done or last:
+                continue
+            obs = tokenizer.encode(step.observation, continuation=True)[: min(env.max_observation_tokens,
+                                                                              budget - used[b] - 1)]
+            r.observations.append(step.observation)
+            tokens[b, used[b]: used[b] + len(obs)] = obs
+            used[b] += len(obs)
+            chunk[b, : 1 + len(obs)], nxt[b] = [out[b, k - 1], *obs], 1 + len(obs)
+        count = nxt
+        if not count.any():
+            break
+    out = sampling.Rollout(tokens, mask, logprobs, used, truncated)
+    return jax.tree.map(put, out) if mesh is not None else jax.tree.map(jnp.asarray, out), turns

@@ -1,0 +1,143 @@
+"""Multi-turn rollouts on a tiny decoder: a 3-turn trajectory's sampler log-probs are a full forward's
+over the concatenated sequence; observations sit in the trajectory, masked, and take no part in the
+loss or its normalizers; the same trajectories on a mesh; the turn and token budgets."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import algorithms, envs, models, multi_turn, sampling, sharding
+from grpo_jax import train_step as ts
+from grpo_jax.config import AlgorithmConfig, MeshConfig, SamplingConfig
+from grpo_jax.data.char_tokenizer import CharTokenizer
+
+TOK = CharTokenizer()
+CFG = models.ModelConfig(model_type="qwen3", vocab_size=TOK.vocab_size, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, eos_token_id=TOK.eos_id)
+DIGITS = tuple(TOK.encode("0123456789", continuation=True))  # a turn ends at a digit: turns of ~10 tokens
+SCFG = SamplingConfig(max_prompt_len=8, max_new_tokens=48, group_size=2, temperature=1.0, stop_tokens=DIGITS)
+EXAMPLES = [{"prompt": p, "answer": "0"} for p in ("12+3=", "7*8=", "1+1=", "99-1=")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Echo(envs.EnvConfig):
+    """Answers every turn with "ok<turn>", reward turn + 1; done after the third turn."""
+
+    def step(self, state, completion):
+        return envs.Step(f"ok{state.turn}", float(state.turn + 1), state.turn == 2)
+
+
+def prompts_of(examples):
+    prompts = sampling.pad_prompts([TOK.encode(e["prompt"]) for e in examples], SCFG)
+    rows = [e for e in examples for _ in range(SCFG.group_size)]
+    return jax.tree.map(lambda x: np.repeat(np.asarray(x), SCFG.group_size, 0), prompts), rows
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    params = models.init(CFG, jax.random.key(0))
+    prompts, rows = prompts_of(EXAMPLES)
+    rollout, turns = multi_turn.rollout(CFG, SCFG, Echo(max_turns=5), TOK, None, params, prompts, rows,
+                                        jax.random.key(3))
+    return params, prompts, rows, rollout, turns
+
+
+def test_a_three_turn_trajectory_has_the_log_probs_of_a_full_forward(sampled):
+    params, prompts, _, rollout, turns = sampled
+    assert all(len(r.completions) == 3 and r.rewards == [1.0, 2.0, 3.0] for r in turns)
+    tokens, mask = np.asarray(rollout.tokens), np.asarray(rollout.mask)
+    for b, r in enumerate(turns):  # turn, observation, turn, observation, turn; mask 1 on the turns only
+        masks = []
+        for i, k in enumerate(r.lengths):
+            masks += [1] * k + [0] * (len(r.observations[i]) if i < 2 else 0)
+        n = int(rollout.lengths[b])
+        assert n == sum(r.lengths) + sum(map(len, r.observations)) and not rollout.truncated[b]
+        np.testing.assert_array_equal(mask[b, :n], masks)
+        assert not mask[b, n:].any() and not tokens[b, n:].any()
+        text = TOK.decode(tokens[b, :n])
+        assert text == "".join(c + o for c, o in zip(r.completions, [*r.observations, ""]))
+        assert r.observations == ["ok0", "ok1"]
+    full, positions, segments = ts.sequences(prompts.tokens, prompts.lengths, rollout.tokens)
+    logp, _ = ts.completion_logprobs(CFG, SCFG.temperature, params, full, positions, segments,
+                                     rollout.mask.astype(jnp.float32))
+    np.testing.assert_allclose(np.where(mask, logp, 0.0), rollout.logprobs, rtol=0, atol=2e-5)
+    assert not np.asarray(rollout.logprobs)[~mask].any()
+
+
+def test_the_same_trajectories_on_a_mesh_and_on_a_rerun(sampled):
+    params, prompts, rows, rollout, turns = sampled
+    mesh = sharding.make_mesh(MeshConfig(data=4, fsdp=2))
+    on_mesh, turns_mesh = multi_turn.rollout(CFG, SCFG, Echo(max_turns=5), TOK, mesh,
+                                             models.shard_params(params, CFG, mesh), prompts, rows, jax.random.key(3))
+    np.testing.assert_array_equal(on_mesh.tokens, rollout.tokens)
+    np.testing.assert_array_equal(on_mesh.mask, rollout.mask)
+    np.testing.assert_allclose(on_mesh.logprobs, rollout.logprobs, rtol=0, atol=2e-5)
+    assert turns_mesh == turns
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "dr_grpo", "gspo"])
+def test_observations_get_exactly_zero_gradient_and_stay_out_of_the_normalizers(sampled, preset):
+    """At r = 1 (l = l^old) the gradient of the step's loss with respect to each token's log-prob is
+    hand-computable: grpo (seq_mean_token_mean) -A_i / (N L_i), dapo (token_mean) -A_i / sum_i L_i,
+    dr_grpo (token_sum_norm) -A_i / (N L_max), gspo (seq_mean) -A_i / (N L_i), with L_i the policy's
+    tokens of trajectory i, never its observations; and exactly 0 on every observation token, also
+    through KL and the entropy bonus."""
+    *_, rollout, _ = sampled
+    alg = dataclasses.replace(AlgorithmConfig.from_preset(preset), beta=0.04, entropy_coef=0.01)
+    mask = np.asarray(rollout.mask, np.float32)
+    rng = np.random.default_rng(0)
+    logp = jnp.asarray(rng.normal(-2.0, 0.5, mask.shape), jnp.float32)
+    adv = jnp.asarray(rng.normal(size=mask.shape[0]), jnp.float32)
+    norm = algorithms.normalizer(alg, mask, SCFG.max_new_tokens)
+    assert float(norm.num_tokens) == mask.sum() < float(np.asarray(rollout.lengths).sum())
+
+    def loss(logp, ref, entropy):
+        return algorithms.policy_loss(alg, logp, jax.lax.stop_gradient(logp), adv, mask, ref, entropy=entropy,
+                                      normalizer=norm)[0]
+
+    grads = jax.grad(loss, argnums=(0, 1, 2))(logp, logp - 0.1, jnp.ones_like(logp))
+    obs = (mask == 0) & (np.arange(mask.shape[1]) < np.asarray(rollout.lengths)[:, None])
+    assert obs.sum() == 8 * 6  # two observations of 3 tokens in every trajectory
+    for g in grads:
+        assert not np.asarray(g)[obs].any()
+    lengths, n = mask.sum(1, keepdims=True), mask.shape[0]
+    scale = {"grpo": n * lengths, "gspo": n * lengths, "dapo": mask.sum(), "dr_grpo": n * SCFG.max_new_tokens}[preset]
+    a = np.asarray(adv, np.float64)[:, None]
+    kl_grad = alg.beta * (1 - np.exp(-0.1))  # d k3 / d l at l - l^ref = 0.1
+    expect = np.where(mask > 0, (-a + kl_grad) / scale, 0.0)
+    np.testing.assert_allclose(np.asarray(grads[0]), expect, rtol=2e-5, atol=1e-7)
+
+
+def test_turn_limit_and_token_budget(sampled):
+    """Two turns at most: the second is the last (`State.last`) and its observation is dropped; a
+    budget of 16 tokens ends trajectories mid-turn (truncated) and cuts observations to fit."""
+    params, prompts, rows, *_ = sampled
+    seen = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Never(envs.EnvConfig):
+        def step(self, state, completion):
+            seen.append(state.last)
+            return envs.Step("abcdef", 0.0, False)
+
+    scfg = dataclasses.replace(SCFG, max_new_tokens=16)
+    rollout, turns = multi_turn.rollout(CFG, scfg, Never(max_turns=2), TOK, None, params, prompts, rows,
+                                        jax.random.key(5))
+    lengths, mask = np.asarray(rollout.lengths), np.asarray(rollout.mask)
+    for b, r in enumerate(turns):
+        n = int(lengths[b])
+        assert len(r.completions) <= 2 and len(r.observations) == len(r.completions) - 1
+        assert n == sum(r.lengths) + mask[b, :n].size - mask[b, :n].sum() <= 16
+        assert rollout.truncated[b] == (n == 16)
+        if r.observations:  # cut so the policy keeps at least one token
+            assert TOK.decode(rollout.tokens[b, r.lengths[0]: n][~mask[b, r.lengths[0]: n]]) == "abcdef"[: n - sum(r.lengths)]
+    assert seen.count(True) == len(turns) and rollout.truncated.any() and not rollout.truncated.all()
+
+
+def test_a_call_end_of_several_tokens_is_refused_before_compiling():
+    with pytest.raises(ValueError, match=r"env.call_end='</calc>' is 7 tokens .* pick a call_end"):
+        multi_turn.stop_ids(CFG, SCFG, envs.ENVS["calculator"](call_end="</calc>"), TOK)
+    assert multi_turn.stop_ids(CFG, SCFG, envs.ENVS["calculator"](), TOK) == tuple(sorted({2, *DIGITS, *TOK.encode("]", continuation=True)}))
