@@ -29,6 +29,7 @@ setup(
             "gguf>=0.19",  # SmolLM2 GGUF -> safetensors conversion (slow test)
             "accelerate>=1.0",
             "wandb>=0.19",  # train.report_to=("wandb",), offline in tests
+            "mlflow-skinny>=3.0",  # train.report_to=("mlflow",), a local file store in tests
         ],
     },
 )

@@ -1,6 +1,6 @@
 """Run logs: a console progress bar, metrics.jsonl, TensorBoard events and a PNG of the main curves;
 completions.jsonl (sampled completions every N steps) and held_out.jsonl (per-example results of the
-final evaluation); and each row's scalars to the trackers of `train.report_to` (`TRACKERS`: W&B).
+final evaluation); and each row's scalars to the trackers of `train.report_to` (`TRACKERS`: W&B, MLflow).
 
 Only process 0 writes; on other processes every method is a no-op, so the host loop calls them
 unconditionally. Metrics arrive as flat dicts of Python floats (fetched once per step), one row per
@@ -16,6 +16,7 @@ never loses a step that a checkpoint holds.
 import json
 import os
 import pathlib
+import re
 import shutil
 import struct
 import time
@@ -97,9 +98,46 @@ class WandbTracker:
         self.run.finish()
 
 
+class MlflowTracker:
+    """MLflow: one MLflow run per run directory, its id kept in `out_dir/mlflow.json`, so a resume continues
+    the same MLflow run and skips the steps it holds (as W&B does). Where runs go is MLflow's own
+    MLFLOW_TRACKING_URI (a server, sqlite:///FILE, or file:///DIR with MLFLOW_ALLOW_FILE_STORE=true) and
+    MLFLOW_EXPERIMENT_NAME (default "grpo_jax").
+    MLflow refuses some characters in metric names: '@' (pass@k) and any other become '_'."""
+
+    def __init__(self, out_dir: pathlib.Path, config: dict, resume_step: int | None):
+        import mlflow
+
+        self.client, path = mlflow.MlflowClient(), out_dir / "mlflow.json"
+        if resume_step is not None and path.is_file():
+            self.run_id = json.loads(path.read_text())["id"]
+            self.client.update_run(self.run_id, "RUNNING")
+        else:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpo_jax")
+            experiment = self.client.get_experiment_by_name(name)
+            experiment = experiment.experiment_id if experiment else self.client.create_experiment(name)
+            self.run_id = self.client.create_run(experiment, run_name=out_dir.name).info.run_id
+            params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in config.items()]
+            for i in range(0, len(params), 100):  # MLflow's limit per batch
+                self.client.log_batch(self.run_id, params=params[i:i + 100])
+        path.write_text(json.dumps({"id": self.run_id}))
+        self.held = max((m.step for m in self.client.get_metric_history(self.run_id, "time/run_s")), default=-1)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        if step > self.held:  # else: a step this MLflow run holds already
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.run_id, metrics=[Metric(re.sub(r"[^\w/. :-]", "_", k), v, now, step)
+                                                        for k, v in scalars.items() if k != "step"])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
 # train.report_to names -> a tracker: made on process 0 as (out_dir, the run's flattened config, the
 # resumed step or None), then log(step, scalars) per row and close(); a fork adds one class and one line.
-TRACKERS = {"wandb": WandbTracker}
+TRACKERS = {"wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
 class MetricsLogger:
