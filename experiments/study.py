@@ -32,8 +32,8 @@ A study is one script, experiments/NAME.py: its config as code, its claims decla
 - with `Study.learning_rates`, the selection first: every arm (but the null pair's second) at every
   rate on `Study.selection_seeds`, runs/NAME/selection/ARM@RATE/seedS; each arm's rate is chosen by
   `Study.select` (the null pair's second takes its first's);
-- per seed, a supervised warm start (experiments/warm_start.py; `Study.warm_start`: one for every
-  arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
+- per seed (or once, with `Study.warm_start_seed`), a supervised warm start (experiments/warm_start.py;
+  `Study.warm_start`: one for every arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
   tokenizer, template, prompt and completion lengths, held-out size): the arms of a seed that share
   them start from the same params;
 - every arm x seed through `grpo_jax.run.train` with train.seed = the seed (model init, data order,
@@ -109,6 +109,10 @@ class Study:
     arms: Mapping[str, Config]
     seeds: tuple[int, ...] = (0, 1, 2)  # the evaluation seeds
     warm_start: WarmStart | Mapping[str, WarmStart] | None = WarmStart()  # one for all arms, or per arm
+    # None: every seed warm-starts its own params (its own init and data order). A seed: one warm start,
+    # trained with that seed, that every run starts from (the selection's too), as a paper's seeds share
+    # one base model: the seeds then vary only the RL run, and a study pays for one warm start, not one per seed.
+    warm_start_seed: int | None = None
     table: Mapping[str, Callable[["Run"], float]] = dataclasses.field(default_factory=dict)  # label -> number
     plots: tuple[Plot, ...] = ()
     derive: Mapping[str, Callable[[dict], float | None]] = dataclasses.field(default_factory=dict)  # row metrics
@@ -274,11 +278,12 @@ def with_rate(cfg: Config, lr: float) -> Config:
 
 
 def train_all(study: Study, arms: Mapping[str, Config], seeds, runs_dir: pathlib.Path, resume: bool,
-              warm_log: dict, loads: list) -> dict:
+              warm_log: dict, loads: list, shared_warm: dict) -> dict:
     """Runs every arm at every seed (a fresh run, or with `resume` the one in runs_dir continued or read
     back); returns {arm: {seed: {"rows": its metrics rows to 4 significant digits, "resumed",
     "wall_seconds"}}}. Per seed, arms with an equal warm start (`warm_start_key`) share it; with
-    `resume`, a seed whose every run has a checkpoint skips it (its log is read back)."""
+    `resume`, a seed whose every run has a checkpoint skips it (its log is read back). With
+    `Study.warm_start_seed` the warm starts live in `shared_warm` (key -> params, log entry) for every seed."""
     out = {arm: {} for arm in arms}
     for seed in seeds:
         dirs = {arm: runs_dir / arm / f"seed{seed}" for arm in arms}
@@ -286,7 +291,7 @@ def train_all(study: Study, arms: Mapping[str, Config], seeds, runs_dir: pathlib
         skip_warm = resume and log_file.exists() and all(map(has_checkpoint, dirs.values()))
         if skip_warm:
             warm_log[str(seed)] = json.loads(log_file.read_text())
-        warm = {}
+        warm = {} if study.warm_start_seed is None else shared_warm
         for arm, cfg in arms.items():
             cfg = with_seed(cfg, seed, dirs[arm])
             if study.null_pair and arm == study.null_pair[1]:  # the null control draws its own rollouts
@@ -296,14 +301,16 @@ def train_all(study: Study, arms: Mapping[str, Config], seeds, runs_dir: pathlib
                 key = warm_start_key(ws, cfg)
                 if key not in warm:
                     t0 = time.perf_counter()
-                    params, log = warm_start(cfg, ws)
+                    seeded = cfg if study.warm_start_seed is None else with_seed(cfg, study.warm_start_seed, dirs[arm])
+                    params, log = warm_start(seeded, ws)
                     entry = {"config": {**dataclasses.asdict(ws), "target": ws.target.__name__}, "arms": [],
                              "steps": log[-1]["sft_step"], "accuracy_greedy": log[-1]["accuracy_greedy"],
                              "seconds": round(time.perf_counter() - t0, 1)}
                     warm[key] = sharding.gather(params), entry  # on the host: each run's train state is donated
                     warm_log.setdefault(str(seed), []).append(entry)
                 params, entry = warm[key]
-                entry["arms"].append(arm)
+                if arm not in entry["arms"]:
+                    entry["arms"].append(arm)
             if not resume:
                 distributed.remove(dirs[arm])
             if jax.process_index() == 0:
@@ -390,12 +397,13 @@ def run(study: Study, claims: Callable[[Results], list[dict]], results_dir: path
     `resume`, keeping the runs already in `runs_dir`); writes curves.json.gz, then judges from it alone
     and writes summary.json, table.md and the plots; returns the summary."""
     start, loads, git = time.perf_counter(), [list(os.getloadavg())], git_state()  # the code that runs
-    warm_log, stored = {}, {"selection": {}, "runs": {}}
+    warm_log, shared_warm, stored = {}, {}, {"selection": {}, "runs": {}}
     if study.learning_rates:
         stored["selection"] = train_all(study, trials(study), study.selection_seeds, runs_dir / "selection",
-                                        resume, warm_log, loads)
+                                        resume, warm_log, loads, shared_warm)
     selection = select_rates(study, stored["selection"]) if study.learning_rates else None
-    stored["runs"] = train_all(study, evaluated_arms(study, selection), study.seeds, runs_dir, resume, warm_log, loads)
+    stored["runs"] = train_all(study, evaluated_arms(study, selection), study.seeds, runs_dir, resume, warm_log,
+                               loads, shared_warm)
     if jax.process_index() != 0:  # process 0 writes the results
         return {}
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -511,7 +519,8 @@ def write(study: Study, claims: Callable[["Results"], list[dict]], stored: dict,
         **analysis,
         "seeds": list(study.seeds),
         **configs(study),
-        "warm_starts": warm_log,  # per seed: each warm start, its config and the arms that start from it
+        "warm_start_seed": study.warm_start_seed,  # None: one warm start per seed
+        "warm_starts": warm_log,  # per seed that trained one: each warm start, its config and the arms that start from it
         "runs": {part: {arm: {seed: {k: v[k] for k in ("wall_seconds", "resumed")} for seed, v in runs.items()}
                         for arm, runs in stored[part].items()} for part in stored},
         "git": git,
