@@ -268,7 +268,9 @@ class Config:
     template: PromptTemplate = PLAIN
     reward: RewardConfig = RewardConfig(names=("exact",))
     train: TrainConfig = TrainConfig()
-    env: EnvConfig | None = None  # multi-turn rollouts with a registered environment (grpo_jax.envs); --set env=NAME
+    # Multi-turn rollouts with a registered environment (grpo_jax.envs; --set env=NAME), rewarded by its
+    # return (reward "env"). Held-out evaluation (grpo_jax.evaluate) samples one turn: such runs are not evaluated.
+    env: EnvConfig | None = None
 
     def __post_init__(self):
         if not isinstance(self.task, TaskConfig):
@@ -319,6 +321,9 @@ class Config:
         if self.env is not None and self.train.max_staleness:
             raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
                              "sampled synchronously; set train.max_staleness=0")
+        if self.env is not None and self.train.packing:
+            raise ValueError("train.packing lays rows out by their counted tokens, which leave out a trajectory's "
+                             "observations: set train.packing=False with Config.env")
         if self.env is not None and self.algorithm.sampler.spec.replays:
             raise ValueError(f"algorithm.sampler={self.algorithm.sampler.name!r} replays stored groups, which keep no "
                              "observation mask: use a sampler without replays with Config.env")

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, evaluate, lora, models, packing, rewards, sampling, sharding
+from grpo_jax import algorithms, checkpoint, data, evaluate, lora, models, multi_turn, packing, rewards, sampling, sharding
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
@@ -96,6 +96,8 @@ def build_task(
     if len(train) < tr.prompts_per_step:
         raise ValueError(f"{cfg.task.describe('train')} holds {len(train)} examples, fewer than train.prompts_per_step="
                          f"{tr.prompts_per_step}: add examples, or lower train.prompts_per_step")
+    if cfg.env is not None:  # the evaluation harness samples one turn: an environment's runs are not evaluated
+        held = None
     if held is not None:
         if len(held) < tr.eval_prompts:
             raise ValueError(
@@ -315,6 +317,11 @@ class Trainer:
         if given:
             check_params(cfg.model, params)
         self.cfg = cfg
+        if cfg.env is not None:  # env.call_end checked against the tokenizer before anything compiles
+            if jax.process_count() > 1:
+                raise ValueError("Config.env: multi-turn rollouts step every row's environment on one host; run one "
+                                 "process (of any number of devices)")
+            multi_turn.stop_ids(cfg.model, cfg.sampling, cfg.env, self.task.tokenizer)
         tr, alg = cfg.train, cfg.algorithm
         self.rows = tr.prompts_per_step * cfg.sampling.group_size
         if self.task.tokenizer.vocab_size > cfg.model.vocab_size:
@@ -422,9 +429,12 @@ class Trainer:
     # -- rollouts --------------------------------------------------------------------------------
 
     def _prompts(self, examples: data.Source) -> tuple[list[str], sampling.Prompts]:
-        tok = self.task.tokenizer
+        """The rendered prompts (with an environment, of its `reset`) and their tokens."""
+        tok, env = self.task.tokenizer, self.cfg.env
         chat = getattr(tok, "apply_chat_template", None)
-        texts = [data.render(self.cfg.template, examples[i], chat) for i in range(len(examples))]
+        examples = [examples[i] if env is None else {**examples[i], "prompt": env.reset(examples[i])}
+                    for i in range(len(examples))]
+        texts = [data.render(self.cfg.template, example, chat) for example in examples]
         return texts, sampling.pad_prompts([tok.encode(t) for t in texts], self.cfg.sampling)
 
     def sample(self, examples: data.Source, rng, sampling_cfg, temperatures: np.ndarray | None = None) -> dict:
@@ -447,26 +457,33 @@ class Trainer:
         of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
         row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.gen_mesh, n)
         t0 = time.perf_counter()
-        rollout = self._generate(sampling_cfg, stop_ids, row_prompts, rng)
+        row_examples, turns = [mine[i] for i in of_row], None
+        if self.cfg.env is None:
+            rollout = self._generate(sampling_cfg, stop_ids, row_prompts, rng)
+        else:  # the trajectory's return is the reward "env"
+            rollout, turns = multi_turn.rollout(self.cfg.model, sampling_cfg, self.cfg.env, self.task.tokenizer,
+                                                self.gen_mesh, self.sampler_params, row_prompts, row_examples, rng)
+            row_examples = [{**e, "env_return": t.total} for e, t in zip(row_examples, turns)]
         tokens, lengths = (sharding.local_rows(x, rows) for x in jax.block_until_ready((rollout.tokens, rollout.lengths)))
         generate_s = time.perf_counter() - t0
         completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
         row_texts = [texts[i] for i in of_row]
         fns, weights = [r.fn for r in self.task.rewards], self.cfg.reward.weights
         scores, status, metrics = rewards.score(
-            fns, weights, row_texts, completions, [mine[i] for i in of_row], completion_lens=lengths.tolist(),
+            fns, weights, row_texts, completions, row_examples, completion_lens=lengths.tolist(),
             timeout_s=self.cfg.reward.timeout_s, num_workers=self.cfg.reward.num_workers,
         )
         # every process's rows: groups, advantages and the metrics need them all
         scores, status = sharding.gather(sharding.global_batch((scores, status), self.gen_mesh, n))
         metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
-        lengths, truncated, prompt_lengths = sharding.gather((rollout.lengths, rollout.truncated, row_prompts.lengths))
+        lengths, truncated, prompt_lengths, counted = sharding.gather(
+            (rollout.lengths, rollout.truncated, row_prompts.lengths, rollout.mask.sum(1)))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         names = data.source_names(examples)  # a mixture's part of each row, for its metrics
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
-            rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, metrics=metrics,
-            generate_s=generate_s, sources=None if names is None else np.repeat(names, g),
+            rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, counted=counted,
+            metrics=metrics, generate_s=generate_s, turns=turns, sources=None if names is None else np.repeat(names, g),
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
@@ -519,7 +536,7 @@ class Trainer:
             prompts=row_prompts, rollout=rollout, rows=rows, texts=[texts[i] for i in of_row],
             completions=[self.task.tokenizer.decode(t[:k]) for t, k in zip(flat["tokens"][rows], flat["lengths"][rows])],
             rewards=flat["rewards"], lengths=flat["lengths"], truncated=flat["truncated"].astype(bool),
-            prompt_lengths=sharding.gather(row_prompts.lengths), metrics={}, generate_s=0.0,
+            counted=flat["lengths"], prompt_lengths=sharding.gather(row_prompts.lengths), metrics={}, generate_s=0.0,
             correct=flat["rewards"][:, correct[0]] >= 1.0 if correct else None, usable=np.ones(len(indices), bool),
             stored=True,
         )
@@ -638,7 +655,8 @@ class Trainer:
     def _plan(self, drawn: list[dict], kept: list, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """Where each row of the rollout batch comes from (its index among the drawn rounds' rows, -1
         for the masked rows that pad a short batch), its advantage, its counted tokens (the completion
-        length, 0 for a truncated one under `algorithm.mask_truncated`) and its prompt length. Host numpy,
+        policy's tokens (the completion length less its observations; 0 for a truncated one under
+        `algorithm.mask_truncated`) and its prompt length. Host numpy,
         the same on every process. Kept slots of one prompt of one round form one group (a replayed
         group, one of its own)."""
         alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
@@ -651,7 +669,7 @@ class Trainer:
             for q, (r, row) in enumerate(rows):
                 s = drawn[r]
                 source[j * g + q] = offsets[r] + row
-                mask_lengths[j * g + q] = 0 if alg.mask_truncated and s["truncated"][row] else s["lengths"][row]
+                mask_lengths[j * g + q] = 0 if alg.mask_truncated and s["truncated"][row] else s["counted"][row]
                 prompt_lengths[j * g + q] = s["prompt_lengths"][row]
         n = len(kept) * g
         if n:
@@ -721,6 +739,10 @@ class Trainer:
                     m[f"completion/length_{name}"] = float(lengths[rows].mean())
         for s in drawn[:1]:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
+        if drawn[0].get("turns") is not None:  # Config.env: how the trajectories used their turns
+            turns = [t for s in drawn for t in s["turns"]]
+            m["env/turns_mean"] = float(np.mean([len(t.completions) for t in turns]))
+            m["env/tool_call_rate"] = float(np.mean([bool(t.observations) for t in turns]))
         if drawn[0].get("sources") is not None:  # a mixture: each part's rows (data.hf)
             names = np.concatenate([s["sources"] for s in drawn])
             for name in np.unique(names):

@@ -3,15 +3,17 @@ over the concatenated sequence; observations sit in the trajectory, masked, and 
 loss or its normalizers; the same trajectories on a mesh; the turn and token budgets."""
 
 import dataclasses
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import algorithms, envs, models, multi_turn, sampling, sharding
+import test_trainer
+from grpo_jax import algorithms, envs, models, multi_turn, run, sampling, sharding
 from grpo_jax import train_step as ts
-from grpo_jax.config import AlgorithmConfig, MeshConfig, SamplingConfig
+from grpo_jax.config import AlgorithmConfig, MeshConfig, RewardConfig, SamplingConfig
 from grpo_jax.data.char_tokenizer import CharTokenizer
 
 TOK = CharTokenizer()
@@ -141,3 +143,72 @@ def test_a_call_end_of_several_tokens_is_refused_before_compiling():
     with pytest.raises(ValueError, match=r"env.call_end='</calc>' is 7 tokens .* pick a call_end"):
         multi_turn.stop_ids(CFG, SCFG, envs.ENVS["calculator"](call_end="</calc>"), TOK)
     assert multi_turn.stop_ids(CFG, SCFG, envs.ENVS["calculator"](), TOK) == tuple(sorted({2, *DIGITS, *TOK.encode("]", continuation=True)}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths(Echo):
+    """Echo rewarding each turn by its length: rewards that differ within a group."""
+
+    def step(self, state, completion):
+        return super().step(state, completion)._replace(reward=len(completion) / 10)
+
+
+def env_config(tmp_path):
+    """test_trainer's run with the Lengths environment: turns end at half the vocabulary, 3 turns each."""
+    cfg = test_trainer.config(tmp_path, "grpo", steps=3)
+    return dataclasses.replace(
+        cfg, env=Lengths(max_turns=3), reward=RewardConfig(names=("env",), num_workers=0),
+        sampling=dataclasses.replace(cfg.sampling, max_new_tokens=16, stop_tokens=tuple(range(3, 50))))
+
+
+def test_a_run_killed_mid_trajectory_resumes_exactly(tmp_path, monkeypatch):
+    """Killed inside step 2's rollout, between two turns of its trajectories: the rerun restores step 1's
+    checkpoint and samples the same trajectories (an environment keeps no state; a token's key is its
+    row's and place's), ending where the uninterrupted run does, bit for bit."""
+    straight = run.train(env_config(tmp_path / "straight"))
+    rows = test_trainer.rows(tmp_path / "straight")
+    assert all(r["env/turns_mean"] == 3 and r["env/tool_call_rate"] == 1 for r in rows)
+    assert all(r["groups/zero_variance_frac"] < 1 and r["grad_norm"] > 0 for r in rows)
+    step, calls = Lengths.step, []
+
+    def killed(self, state, completion):
+        calls.append(1)
+        if len(calls) == 2 * 24 + 8 + 3:  # steps 0 and 1 (8 rows, 3 turns each), then into step 2's second turn
+            raise RuntimeError("killed")
+        return step(self, state, completion)
+
+    monkeypatch.setattr(Lengths, "step", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        run.train(env_config(tmp_path / "killed"))
+    monkeypatch.undo()
+    resumed = run.train(env_config(tmp_path / "killed"))
+    assert resumed["resumed_from"] == 2
+    for a, b in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert test_trainer.rows(tmp_path / "killed") == rows
+
+
+def test_the_readme_environment_runs(sampled):
+    """The README's custom environment, executed as written: registered by name, answering its turns, and
+    driving a rollout of the tiny model."""
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("```python\nimport dataclasses\n\nfrom grpo_jax import envs\n")[1].split("```")[0]
+    names = {}
+    exec("import dataclasses\n\nfrom grpo_jax import envs\n" + block, names)
+    guess = envs.EnvConfig.from_name("guess")
+    assert type(guess) is names["Guess"] and guess.max_turns == 5
+    example = {"prompt": "1+1=", "answer": "42"}
+    assert guess.reset(example) == "1+1=?"
+    assert guess.step(envs.State(example), "I say 7") == envs.Step("higher", 0.0, False)
+    assert guess.step(envs.State(example), "50") == envs.Step("lower", 0.0, False)
+    assert guess.step(envs.State(example, ("7", "50"), ("higher", "lower")), "42!") == envs.Step("", 1.0, True)
+    params = sampled[0]
+    examples = [dict(e, answer="5") for e in EXAMPLES]
+    prompts, rows = prompts_of([dict(e, prompt=guess.reset(e)) for e in examples])
+    rollout, turns = multi_turn.rollout(CFG, SCFG, guess, TOK, None, params, prompts, rows, jax.random.key(7))
+    for r in turns:
+        for c, o in zip(r.completions, r.observations):
+            digits = "".join(filter(str.isdigit, c))
+            assert o == ("higher" if not digits or int(digits) < 5 else "lower")
+        assert r.rewards[:-1] == [0.0] * (len(r.rewards) - 1) and len(r.completions) <= 5
+    assert max(len(r.completions) for r in turns) > 1

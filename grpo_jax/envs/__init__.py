@@ -117,7 +117,7 @@ class ToolEnv(EnvConfig):
 
 
 @register_reward("env")
-def env_return(prompt: str, completion: str, example: dict, **_) -> float:
+def env(prompt: str, completion: str, example: dict, **_) -> float:
     """The reward of a run with an environment (`Config.env`): the trajectory's return, which the
     trainer puts in the row's example."""
     return example["env_return"]
