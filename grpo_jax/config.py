@@ -318,6 +318,9 @@ class Config:
         if (self.env is None) == ("env" in self.reward.names):
             raise ValueError("reward.names holds 'env' (the environment's return) exactly when Config.env is set: "
                              f"env={None if self.env is None else self.env.name!r}, reward.names={self.reward.names}")
+        if self.algorithm.turn_discount is not None and self.env is not None and self.reward.names != ("env",):
+            raise ValueError(f"algorithm.turn_discount={self.algorithm.turn_discount} credits each turn by the environment's "
+                             f"turn rewards alone: set reward.names=('env',) (now {self.reward.names}), or turn_discount=None")
         if self.env is not None and self.train.max_staleness:
             raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
                              "sampled synchronously; set train.max_staleness=0")

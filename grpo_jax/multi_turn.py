@@ -52,6 +52,18 @@ class Turns:
         return float(sum(self.rewards))
 
 
+def turn_table(turns: list[Turns], max_turns: int, mask: Bool[np.ndarray, "rows new"]) -> dict[str, np.ndarray]:
+    """What turn-level credit reads of each row (`algorithms.turn_advantages`): "turn_rewards" and
+    "turn_mask" [rows, max_turns], and "token_turns" [rows, new], the turn of each policy token (-1 on
+    observations and past the end)."""
+    rewards, has = np.zeros((len(turns), max_turns), np.float32), np.zeros((len(turns), max_turns), bool)
+    token_turns = np.full(mask.shape, -1, np.int32)
+    for b, r in enumerate(turns):
+        rewards[b, : len(r.rewards)], has[b, : len(r.rewards)] = r.rewards, True
+        token_turns[b, np.flatnonzero(mask[b])] = np.repeat(np.arange(len(r.lengths)), r.lengths)
+    return dict(turn_rewards=rewards, turn_mask=has, token_turns=token_turns)
+
+
 def stop_ids(cfg: ModelConfig, sampling_cfg: SamplingConfig, env: envs.EnvConfig, tokenizer) -> tuple[int, ...]:
     """The ids that end a turn (`sampling.stop_ids` and `env.call_end`, which must be one token),
     checked on the host before anything compiles."""

@@ -51,7 +51,7 @@ class Batch:
     # l^old, fixed for the whole rollout batch; None when the update is on-policy (`on_policy`): sg(l)
     old_logp: Float[Array, "batch new"] | None
     sampler_logp: Float[Array, "batch new"]  # l^samp, as reported by the sampler
-    advantages: Float[Array, "batch"]
+    advantages: Float[Array, "batch"] | Float[Array, "batch new"]  # per token: turn-level credit (turn_discount)
     # MoE policies: pi_old's experts for every input token (tokens[:, :-1]) and MoE layer, from
     # `old_logprobs`; replayed in every forward when algorithm.routing_replay is set, compared with
     # the router's own picks by the routing metrics (grpo_jax.routing). Batch-major, like every field,

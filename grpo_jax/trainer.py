@@ -457,13 +457,14 @@ class Trainer:
         of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
         row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.gen_mesh, n)
         t0 = time.perf_counter()
-        row_examples, turns = [mine[i] for i in of_row], None
+        row_examples, turns, credit = [mine[i] for i in of_row], None, {}
         if self.cfg.env is None:
             rollout = self._generate(sampling_cfg, stop_ids, row_prompts, rng)
         else:  # the trajectory's return is the reward "env"
             rollout, turns = multi_turn.rollout(self.cfg.model, sampling_cfg, self.cfg.env, self.task.tokenizer,
                                                 self.gen_mesh, self.sampler_params, row_prompts, row_examples, rng)
             row_examples = [{**e, "env_return": t.total} for e, t in zip(row_examples, turns)]
+            credit = multi_turn.turn_table(turns, self.cfg.env.max_turns, np.asarray(rollout.mask))
         tokens, lengths = (sharding.local_rows(x, rows) for x in jax.block_until_ready((rollout.tokens, rollout.lengths)))
         generate_s = time.perf_counter() - t0
         completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
@@ -483,7 +484,7 @@ class Trainer:
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
             rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, counted=counted,
-            metrics=metrics, generate_s=generate_s, turns=turns, sources=None if names is None else np.repeat(names, g),
+            metrics=metrics, generate_s=generate_s, turns=turns, **credit, sources=None if names is None else np.repeat(names, g),
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
@@ -661,7 +662,8 @@ class Trainer:
         group, one of its own)."""
         alg, g = self.cfg.algorithm, self.cfg.sampling.group_size
         source = np.full(self.rows, -1, np.int32)
-        advantages = np.zeros(self.rows, np.float32)
+        turn_level = alg.turn_discount is not None and self.cfg.env is not None  # one advantage per token: its turn's
+        advantages = np.zeros((self.rows, self.cfg.sampling.max_new_tokens) if turn_level else self.rows, np.float32)
         mask_lengths = np.zeros(self.rows, np.int32)
         prompt_lengths = np.ones(self.rows, np.int32)
         offsets = np.cumsum([0] + [len(s["lengths"]) for s in drawn])  # rounds differ in rows where one replays
@@ -678,8 +680,15 @@ class Trainer:
             scores, w = np.concatenate([sc for _, sc, _ in kept]), weights
             if self.sampler.spec.baseline:  # the weighted total less the sampler's baseline (sum_then_normalize)
                 scores, w = np.array([drawn[r]["centred"][row] for rows, _, _ in kept for r, row in rows])[:, None], (1.0,)
-            advantages[:n] = np.asarray(algorithms.compute_advantages(
-                alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w))
+            if turn_level:
+                picked = [(drawn[r], row) for rows, _, _ in kept for r, row in rows]
+                table = {k: np.stack([s[k][row] for s, row in picked]) for k in ("turn_rewards", "turn_mask", "token_turns")}
+                by_turn = algorithms.turn_advantages(alg, table["turn_rewards"], table["turn_mask"], np.repeat(groups, g))
+                at = table["token_turns"]
+                advantages[:n] = np.where(at >= 0, np.take_along_axis(by_turn, np.maximum(at, 0), axis=1), 0.0)
+            else:
+                advantages[:n] = np.asarray(algorithms.compute_advantages(
+                    alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w))
         return source, advantages, mask_lengths, prompt_lengths
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
@@ -770,10 +779,11 @@ class Trainer:
                 k = np.searchsorted(s["rows"], row)
                 if k == len(s["rows"]) or s["rows"][k] != row:
                     continue  # another process's row
+                adv = self.last_rollout["advantages"][j * g + q]  # turn-level credit: each token's
                 out.append({
                     "prompt": s["texts"][k], "completion": s["completions"][k],
                     "rewards": dict(zip(names, s["rewards"][row].tolist())),
-                    "advantage": float(self.last_rollout["advantages"][j * g + q]),
+                    "advantage": float(adv) if adv.ndim == 0 else adv[: s["lengths"][row]].tolist(),
                     "length": int(s["lengths"][row]), "truncated": bool(s["truncated"][row]),
                 })
         return out

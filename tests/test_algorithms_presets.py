@@ -155,7 +155,8 @@ def test_configs_saved_before_the_variants_owned_their_parameters_resume():
     fixture = json.loads((PATH.parents[1] / "tests" / "fixtures" / "algorithm_configs_before_params.json").read_text())
     old = {"grpo": fixture["grpo"], **{k: {**fixture["grpo"], **v} for k, v in fixture["others"].items()}}
     now = {name: AlgorithmConfig.from_preset(name) for name in PRESETS}
-    now = {name: cfg for name, cfg in now.items() if cfg.sampler.name == "uniform"}  # samplers came later
+    now = {name: cfg for name, cfg in now.items()  # samplers and turn credit came later
+           if cfg.sampler.name == "uniform" and cfg.turn_discount is None}
     now["grpo(eps_high=0.27, delta=3.0, ratio_impl=reference)"] = AlgorithmConfig.from_preset(
         "grpo", loss=losses.PpoClip(eps_high=0.27, delta=3.0, ratio_impl="reference"))
     now |= {"clip_cov": AlgorithmConfig(loss=losses.ClipCov(ratio=0.01)), "kl_cov": AlgorithmConfig(loss=losses.KlCov(coef=1.0)),

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import test_trainer
-from grpo_jax import algorithms, envs, models, multi_turn, run, sampling, sharding
+from grpo_jax import algorithms, envs, models, multi_turn, run, sampling, sharding, trainer
+from grpo_jax.algorithms import reference
 from grpo_jax import train_step as ts
 from grpo_jax.config import AlgorithmConfig, MeshConfig, RewardConfig, SamplingConfig
 from grpo_jax.data.char_tokenizer import CharTokenizer
@@ -154,8 +155,9 @@ class Lengths(Echo):
 
 
 def env_config(tmp_path):
-    """test_trainer's run with the Lengths environment: turns end at half the vocabulary, 3 turns each."""
-    cfg = test_trainer.config(tmp_path, "grpo", steps=3)
+    """test_trainer's run with the Lengths environment (turns end at half the vocabulary, 3 turns each),
+    credited by turn (gtpo_turn)."""
+    cfg = test_trainer.config(tmp_path, "gtpo_turn", steps=3)
     return dataclasses.replace(
         cfg, env=Lengths(max_turns=3), reward=RewardConfig(names=("env",), num_workers=0),
         sampling=dataclasses.replace(cfg.sampling, max_new_tokens=16, stop_tokens=tuple(range(3, 50))))
@@ -212,3 +214,20 @@ def test_the_readme_environment_runs(sampled):
             assert o == ("higher" if not digits or int(digits) < 5 else "lower")
         assert r.rewards[:-1] == [0.0] * (len(r.rewards) - 1) and len(r.completions) <= 5
     assert max(len(r.completions) for r in turns) > 1
+
+
+def test_turn_level_credit_gives_each_token_its_turns_advantage(tmp_path):
+    """The trainer's batch under gtpo_turn: every policy token of turn j of trajectory i carries the float64
+    reference's A_ij of the env's turn rewards; observation tokens carry 0 (and are masked)."""
+    t = trainer.Trainer(env_config(tmp_path))
+    batches, _ = t.rollout_batch(jax.random.key(0))
+    s = t.last_rollout["drawn"][0]
+    rewards = np.array([r.rewards for r in s["turns"]])
+    expect = reference.turn_advantages(t.cfg.algorithm, rewards, np.ones_like(rewards, bool),
+                                       np.repeat(np.arange(2), 4))
+    assert np.abs(expect).max() > 0.5
+    adv, mask = (np.concatenate([np.asarray(getattr(b, k)) for b in batches]) for k in ("advantages", "mask"))
+    for i, r in enumerate(s["turns"]):
+        turn_of = np.repeat(np.arange(3), r.lengths)
+        np.testing.assert_allclose(adv[i][mask[i] > 0], expect[i][turn_of], rtol=1e-5, atol=1e-6)
+        assert not adv[i][mask[i] == 0].any()

@@ -9,7 +9,9 @@ variant"). `AlgorithmConfig` holds the selected parts with their parameters; `pr
 its fields.
 """
 
-from grpo_jax.algorithms.advantages import ADVANTAGES, AdvantageParams, advantage, compute_advantages, overlong_penalty
+from grpo_jax.algorithms.advantages import (
+    ADVANTAGES, AdvantageParams, advantage, compute_advantages, overlong_penalty, turn_advantages,
+)
 from grpo_jax.algorithms.aggregation import AGGREGATIONS, AggregationParams, Normalizer, aggregation, normalizer
 from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, preset
 from grpo_jax.algorithms.kl import KL_ESTIMATORS, kl_estimator
@@ -22,5 +24,5 @@ __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "AdvantageParams", "AggregationParams",
     "AlgorithmConfig", "LossInputs", "LossParams", "LossTerms", "Normalizer", "StepStats", "advantage", "aggregation",
     "clipped_surrogate", "compute_advantages", "kl_estimator", "loss", "needs_step_stats", "normalizer",
-    "overlong_penalty", "policy_loss", "preset", "ratio_by_length", "step_stats",
+    "overlong_penalty", "policy_loss", "preset", "ratio_by_length", "step_stats", "turn_advantages",
 ]

@@ -43,6 +43,11 @@ class AlgorithmConfig:
     loss: LossParams | str = "ppo_clip"
     aggregation: AggregationParams | str = "seq_mean_token_mean"
     gpg_scale: bool = False  # multiply A by N / N_valid (GPG)
+    # Credit in multi-turn trajectories (Config.env): None, one advantage per trajectory from its return;
+    # gamma in [0, 1], turn-level (`advantages.turn_advantages`, GTPO 2511.14846): each turn's return
+    # discounted by gamma, estimated by `advantage` among the same turn of its group's trajectories.
+    # A single-turn completion is a trajectory of one turn: there both give the same advantages.
+    turn_discount: float | None = None
     reward_combine: str = "sum_then_normalize"  # how the RewardConfig.weights-weighted rewards combine
     # regularizers and token selection
     beta: float = 0.04  # KL coefficient; 0: no reference model is kept or run
@@ -136,6 +141,15 @@ class AlgorithmConfig:
                 f"samples (one group), but loss={loss!r} reads groups of group_size consecutive rows; use a loss "
                 "without group statistics, or a sampler that gives every prompt group_size samples."
             )
+        adv = self.advantage.spec
+        if self.turn_discount is not None and (spec.unit == "sequence" or adv.needs_lengths or adv.learns_from_uniform_groups
+                                               or adv.min_group_size or self.sampler.spec.baseline or self.gpg_scale):
+            raise ValueError(
+                f"AlgorithmConfig: turn_discount={self.turn_discount} gives each turn's tokens their own advantage: it "
+                f"needs a token loss (not {loss!r}), an advantage of returns alone that gives uniform groups 0, in groups "
+                f"of any size (not {self.advantage.name!r} if it reads lengths, learns from uniform groups or needs "
+                "larger groups), a sampler without a "
+                "baseline and gpg_scale=False; or set turn_discount=None (trajectory-level credit).")
         if not spec.ratio and self.num_iterations > 1:
             raise ValueError(
                 f"AlgorithmConfig: loss={loss!r} has no importance ratio, so passes 2..{self.num_iterations} "
@@ -158,6 +172,8 @@ class AlgorithmConfig:
                              "must be > 1.")
         if self.off_policy_threshold is not None and self.off_policy_threshold < 0:
             raise ValueError(f"AlgorithmConfig: off_policy_threshold={self.off_policy_threshold} must be >= 0.")
+        if self.turn_discount is not None and not 0 <= self.turn_discount <= 1:
+            raise ValueError(f"AlgorithmConfig: turn_discount={self.turn_discount} must lie in [0, 1] (or None).")
         if self.beta < 0:
             raise ValueError(f"AlgorithmConfig: beta={self.beta} must be >= 0.")
         if self.num_iterations < 1 or self.max_gen_batches < 1:
@@ -222,6 +238,7 @@ preset("egsw", "EGSW 2503.22456", **_BASE, loss="egsw")
 preset("gvpo", "GVPO 2504.19599", **_BASE, advantage="group_mean", loss="gvpo", aggregation="seq_mean")
 preset("disco", "DisCO 2505.12366", **_BASE, loss="disco", aggregation="seq_mean")
 preset("gtpo", "GTPO 2508.03772", **_BASE, loss="gtpo")
+preset("gtpo_turn", "GTPO (turns) 2511.14846", **_BASE, turn_discount=0.9)
 preset("vade", "VADE 2511.18902", **_BASE, sampler="vade")
 preset("curriculum", "prime-rl difficulty pools", **_BASE, sampler="curriculum")
 preset("erpo", "ERPO 2511.04800", **_BASE, sampler="erpo", tis_level="token")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int, Real
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Real
 
 from grpo_jax.algorithms.advantages.base import (
     ADVANTAGES, Advantage, AdvantageParams, Standardized, advantage, batch_standardize, group_spread,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ADVANTAGES", "Advantage", "AdvantageParams", "BatchStd", "Gapo", "GroupStd", "NoiseAware", "Ngrpo", "PassAtK",
     "ReinforcePp", "Spo", "Standardized", "advantage", "compute_advantages", "min_group_size", "overlong_penalty",
+    "turn_advantages",
 ]
 BATCH_STD_EPS = 1e-6  # normalize_then_sum's batch standardization: std + this
 
@@ -124,6 +125,32 @@ def compute_advantages(
         valid = group_spread(combined, groups) > 0
         adv = adv * n / jnp.maximum(valid.sum(), 1)
     return adv.astype(jnp.float32)
+
+
+def turn_advantages(
+    cfg: "AlgorithmConfig", turn_rewards: Float[np.ndarray, "n turns"], turn_mask: Bool[np.ndarray, "n turns"],
+    group_ids: Int[np.ndarray, " n"],
+) -> Float[np.ndarray, "n turns"]:
+    """Turn-level credit of multi-turn trajectories (GTPO, arXiv 2511.14846: turn-level rewards,
+    "normalized discounted returns" as advantages): trajectory i's turn j has the discounted return
+    G_ij = sum_{k >= j} gamma^(k - j) r_ik (gamma = `cfg.turn_discount`, r_ik turn k's reward, the last
+    turn's the final reward); `cfg.advantage` estimates A_ij from G_ij among the G_i'j of the same group's
+    trajectories that have a turn j (group_std: (G_ij - mean) / (std + eps)), exactly 0 where those are
+    all equal or where one trajectory alone reaches turn j. The paper's normalization set is read here as
+    the same turn of the group's trajectories. Host numpy in, host numpy out (`turn_mask`: the turns
+    each trajectory has, a prefix of each row); every token of turn j takes A_ij (the trainer)."""
+    r = np.where(turn_mask, turn_rewards, 0.0).astype(np.float32)
+    returns, acc = np.zeros_like(r), np.zeros(len(r), np.float32)
+    for j in reversed(range(r.shape[1])):
+        acc = r[:, j] + np.float32(cfg.turn_discount) * acc
+        returns[:, j] = acc
+    keys = np.asarray(group_ids)[:, None] * r.shape[1] + np.arange(r.shape[1])
+    _, units = np.unique(keys[turn_mask], return_inverse=True)
+    x, units = jnp.asarray(returns[turn_mask]), jnp.asarray(units.reshape(-1), jnp.int32)
+    adv = jnp.where(group_spread(x, units) > 0, cfg.advantage.spec.fn(cfg.advantage, x, units, None), 0.0)
+    out = np.zeros(r.shape, np.float32)
+    out[turn_mask] = np.asarray(adv)
+    return out
 
 
 def min_group_size(params: AdvantageParams) -> int:

@@ -25,6 +25,7 @@ from grpo_jax.algorithms.reference.advantages import (
     reinforce_pp,
     rloo,
     spo,
+    turn_advantages,
 )
 from grpo_jax.algorithms.reference.common import LOG_RATIO_BOUND, exp_clamped
 from grpo_jax.algorithms.reference.losses import (

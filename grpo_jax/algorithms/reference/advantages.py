@@ -3,6 +3,7 @@
 An estimator reference is fn(params, rewards f64[N], groups int[N], lengths[N] or None) -> f64[N]."""
 
 import math
+import warnings
 
 import numpy as np
 
@@ -24,6 +25,30 @@ group_std = _by_group(lambda cfg, rg, lg: (rg - rg.mean()) / (rg.std(ddof=1) + c
 group_mean = _by_group(lambda cfg, rg, lg: rg - rg.mean())
 rloo = _by_group(lambda cfg, rg, lg: np.array([rg[i] - np.delete(rg, i).mean() for i in range(len(rg))]))
 opo = _by_group(lambda cfg, rg, lg: rg - (lg * rg).sum() / lg.sum())
+
+
+def turn_advantages(cfg, turn_rewards, turn_mask, group_ids):
+    """GTPO's turn-level credit in float64 (see `advantages.turn_advantages`): each turn's discounted
+    return summed term by term; the estimator's reference over every (group, turn) unit at once; 0 on
+    units whose returns are all equal or reached by one trajectory."""
+    n, turns = turn_rewards.shape
+    rows, units, returns = [], [], []
+    for i in range(n):
+        for j in range(turns):
+            if turn_mask[i, j]:
+                rows.append((i, j))
+                units.append(int(group_ids[i]) * turns + j)
+                returns.append(sum(cfg.turn_discount ** (k - j) * float(turn_rewards[i, k])
+                                   for k in range(j, turns) if turn_mask[i, k]))
+    units, returns = np.unique(units, return_inverse=True)[1], np.array(returns)
+    with warnings.catch_warnings():  # a unit of one trajectory has no spread (nan), and gets 0 below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        adv = cfg.advantage.spec.reference(cfg.advantage, returns, units, None)
+    out = np.zeros((n, turns))
+    for (i, j), u, a in zip(rows, units, adv):
+        same = returns[units == u]
+        out[i, j] = a if same.max() > same.min() else 0.0
+    return out
 
 
 def batch_std(cfg, r, groups, lengths):
