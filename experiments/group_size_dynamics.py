@@ -120,8 +120,7 @@ def get_study(quick: bool) -> study.Study:
     return study.Study(
         name="group_size_dynamics",
         arms={arm: override(base, [f"sampling.group_size={g}", *changes]) for arm, (g, changes) in ARMS.items()},
-        seeds=(0, 1) if quick else tuple(range(protocol.MIN_SEEDS)),
-        learning_rates=() if quick else RATES,
+        **study.sized(quick, RATES),
         rate_from={arm: ("g16", 1.0) for arm in AT_G16_RATE},
         null_pair=NULL,
         warm_start=WarmStart(accuracy=0.2, eval_every=5),

@@ -140,8 +140,7 @@ def get_study(quick: bool) -> study.Study:
     return study.Study(
         name="gspo_vs_grpo",
         arms={name: override(base, changes) for name, changes in ARMS.items()},
-        seeds=(0, 1) if quick else tuple(range(8)),
-        learning_rates=() if quick else (3e-5, 1e-4, 3e-4),
+        **study.sized(quick, (3e-5, 1e-4, 3e-4)),
         null_pair=NULL,
         warm_start=WARM_START,
         derive={"clip_frac_tokens": study.clip_frac_tokens},

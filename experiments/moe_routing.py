@@ -127,8 +127,7 @@ def get_study(quick: bool) -> study.Study:
     return study.Study(
         name="moe_routing",
         arms={name: override(base, changes) for name, changes in ARMS.items()},
-        seeds=(0, 1) if quick else tuple(range(8)),
-        learning_rates=() if quick else (3e-5, 1e-4, 3e-4),
+        **study.sized(quick, (3e-5, 1e-4, 3e-4)),
         rate_from={"grpo": ("grpo_r2", 1.0)},
         null_pair=NULL,
         warm_start=WARM_START,

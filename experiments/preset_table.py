@@ -133,8 +133,7 @@ def get_study(quick: bool) -> study.Study:
     return study.Study(
         name="preset_table",
         arms={preset: override(base, [f"algorithm.preset={preset}"]) for preset in ARMS},
-        seeds=(0, 1) if quick else tuple(range(8)),
-        learning_rates=() if quick else (1e-4, 3e-4, 1e-3),
+        **study.sized(quick, (1e-4, 3e-4, 1e-3)),
         null_pair=NULL,
         warm_start=WARM_START,
         derive={"clip_frac_tokens": study.clip_frac_tokens},

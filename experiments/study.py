@@ -183,6 +183,13 @@ class Study:
         return errors
 
 
+def sized(quick: bool, learning_rates: tuple[float, ...]) -> dict:
+    """A study's seeds and rate sweep: the protocol's (MIN_SEEDS seeds, `learning_rates` swept), or
+    --quick's (2 seeds at each arm's config rate); `Study(**sized(quick, rates), ...)`."""
+    return {"seeds": (0, 1) if quick else tuple(range(protocol.MIN_SEEDS)),
+            "learning_rates": () if quick else tuple(learning_rates)}
+
+
 @dataclasses.dataclass
 class Run:
     """One arm at one seed: its config and its logged rows (with "updates" and "tokens")."""
