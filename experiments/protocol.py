@@ -8,15 +8,19 @@ recomputes every verdict from the committed data):
   "not_reproduced"; an arm it needs was not run: "not_run".
 - A half is a per-seed quantity q_s with a target t, claimed above it: `Difference` (metric of arm a
   minus arm b, t = at_least: 0 for "a above b", -margin for "a no worse than b by more than margin"),
-  `Ratio` (log10 of a's metric over b's, t = log10(at_least)), `Level` (one arm's metric against a
-  threshold, either side).
+  `Ratio` (log10 of a's metric over b's, t = log10(at_least)), `Contrast` (a weighted sum of several
+  arms' metrics whose weights sum to 0, e.g. a difference of differences), `Level` (one arm's metric
+  against a threshold, either side).
 - It holds if the one-sided exact sign test of q_s > t gives p <= ALPHA over the evaluation seeds (ties
   dropped; 8 seeds need 7 above), and the mean of q - t clears the noise floor.
-- The noise floor of a comparative half (`Difference`, `Ratio`) is the same quantity between the study's
+- The noise floor of a comparative half (`Difference`, `Ratio`, `Contrast`) is the same quantity between the study's
   null-control pair, two arms with one objective (GSPO and GSPO-token at sequence-level advantages,
   the second drawing its own rollouts: study.Study.null_pair): the larger end, in absolute value, of
   its paired-bootstrap 95% interval of the mean. A difference that sampling noise alone produces at
-  this seed count is never "reproduced". A `Level` has no floor.
+  this seed count is never "reproduced". A `Contrast`'s floor is that of the null pair's difference
+  times sqrt(sum w^2 / 2), the spread of its weighted sum if each run's noise were the pair's (runs of a
+  seed share a warm start and sampling keys; the pair's second draws its own rollouts, so this errs
+  large). A `Level` has no floor.
 - Collapse (`collapse`): held-out greedy accuracy at the end of a run (its last 20%) below the warm
   start's by more than two binomial standard errors, or the training reward (a moving average over 10%
   of the steps) falling below half its peak after reaching it.
@@ -131,7 +135,43 @@ class Level:
         return f"{self.label}: {self.arm} {'above' if self.above else 'below'} {self.threshold:g}"
 
 
-Half = Difference | Ratio | Level
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """sum_arm w * metric(arm) per seed, claimed > at_least; the weights sum to 0, so a shift common to
+    every arm cancels (("a0", 1), ("a8", -1), ("b0", -1), ("b8", 1)): a's loss from 0 to 8 minus b's)."""
+
+    label: str
+    metric: Metric
+    weights: tuple[tuple[str, float], ...]
+    at_least: float = 0.0
+    comparative = True
+
+    def __post_init__(self):
+        if abs(sum(w for _, w in self.weights)) > 1e-9 or len({a for a, _ in self.weights}) != len(self.weights):
+            raise ValueError(f"Contrast {self.label!r}: weights {self.weights} must name each arm once and sum to 0")
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.weights)
+
+    @property
+    def target(self) -> float:
+        return self.at_least
+
+    def values(self, results) -> np.ndarray:
+        return sum(w * results.values(a, self.metric) for a, w in self.weights)
+
+    def between(self, a: str, b: str) -> "Contrast":
+        """The null pair's difference scaled to this contrast's noise: x sqrt(sum w^2 / 2)."""
+        s = math.sqrt(sum(w * w for _, w in self.weights) / 2)
+        return dataclasses.replace(self, weights=((a, s), (b, -s)))
+
+    def describe(self) -> str:
+        terms = " ".join(f"{'-' if w < 0 else '+'} {abs(w):g} {a}" for a, w in self.weights).lstrip("+ ")
+        return f"{self.label}: {terms} above {self.at_least:g}"
+
+
+Half = Difference | Ratio | Contrast | Level
 
 
 @dataclasses.dataclass(frozen=True)

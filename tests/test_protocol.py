@@ -93,6 +93,32 @@ def test_a_margin_makes_a_no_worse_than_half():
     assert not protocol.judge_half(protocol.Difference("x", x, "a", "b", at_least=-0.025), r, NULL)["holds"]
 
 
+def test_a_contrast_is_a_difference_of_differences_with_a_scaled_floor():
+    # a loses 0.2 from a0 to a8 and b 0.05 from b0 to b8 on every seed: (a0 - a8) - (b0 - b8) = 0.15. Its
+    # floor is the null pair's times sqrt((1 + 1 + 1 + 1) / 2): four runs' noise, not two.
+    half = protocol.Contrast("x", x, (("a0", 1.0), ("a8", -1.0), ("b0", -1.0), ("b8", 1.0)))
+    null = {"n1": [0.5] * 8, "n2": list(np.add(0.5, NOISE))}
+    r = results({"a0": [0.6] * 8, "a8": [0.4] * 8, "b0": [0.7] * 8, "b8": [0.65] * 8, **null})
+    judged = protocol.judge_half(half, r, NULL)
+    floor = max(map(abs, protocol.bootstrap_interval(-np.array(NOISE))))
+    assert judged["per_seed"] == pytest.approx([0.15] * 8) and judged["holds"]
+    assert judged["noise_floor"] == pytest.approx(math.sqrt(2) * floor)
+    assert half.arms == ("a0", "a8", "b0", "b8") and "x: 1 a0 - 1 a8 - 1 b0 + 1 b8 above 0" == half.describe()
+    # The same losses for both: 0 on every seed, ties, p = 1; b losing more: below.
+    same = results({"a0": [0.6] * 8, "a8": [0.4] * 8, "b0": [0.7] * 8, "b8": [0.5] * 8, **null})
+    assert protocol.judge_half(half, same, NULL)["sign_test_p"] == 1.0
+    assert not protocol.judge_half(half, results({"a0": [0.6] * 8, "a8": [0.55] * 8, "b0": [0.7] * 8,
+                                                  "b8": [0.4] * 8, **null}), NULL)["holds"]
+    # An excess inside the floor: not held, though every seed is above.
+    small = results({"a0": [0.6] * 8, "a8": [0.4] * 8, "b0": [0.7] * 8, "b8": [0.5 + 0.5 * floor] * 8, **null})
+    assert protocol.judge_half(half, small, NULL)["seeds_above"] == 8
+    assert not protocol.judge_half(half, small, NULL)["holds"]
+    with pytest.raises(ValueError, match="sum to 0"):
+        protocol.Contrast("x", x, (("a", 1.0), ("b", -0.5)))
+    with pytest.raises(ValueError, match="each arm once"):
+        protocol.Contrast("x", x, (("a", 1.0), ("a", -1.0)))
+
+
 def test_ratio_and_level_below():
     ratio = protocol.Ratio("x", x, "a", "b", at_least=10)
     r = results({"a": [2.0, 3.0, 4.0], "b": [0.1, 0.2, 0.3], "n1": [1.0] * 3, "n2": [1.0] * 3})
