@@ -269,7 +269,7 @@ class Config:
     reward: RewardConfig = RewardConfig(names=("exact",))
     train: TrainConfig = TrainConfig()
     # Multi-turn rollouts with a registered environment (grpo_jax.envs; --set env=NAME), rewarded by its
-    # return (reward "env"). Held-out evaluation (grpo_jax.evaluate) samples one turn: such runs are not evaluated.
+    # return (reward "env"); the held-out set is evaluated by greedy trajectories (Trainer.evaluate_examples).
     env: EnvConfig | None = None
 
     def __post_init__(self):
@@ -321,6 +321,10 @@ class Config:
         if self.algorithm.turn_discount is not None and self.env is not None and self.reward.names != ("env",):
             raise ValueError(f"algorithm.turn_discount={self.algorithm.turn_discount} credits each turn by the environment's "
                              f"turn rewards alone: set reward.names=('env',) (now {self.reward.names}), or turn_discount=None")
+        if self.env is not None and (self.train.eval_benchmarks or self.train.eval_samples > 1):
+            raise ValueError(f"train.eval_benchmarks={self.train.eval_benchmarks!r} and train.eval_samples="
+                             f"{self.train.eval_samples} sample one turn (grpo_jax.evaluate); a run with Config.env "
+                             "evaluates its held-out set by greedy trajectories: unset them")
         if self.env is not None and self.train.max_staleness:
             raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
                              "sampled synchronously; set train.max_staleness=0")

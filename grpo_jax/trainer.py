@@ -96,8 +96,6 @@ def build_task(
     if len(train) < tr.prompts_per_step:
         raise ValueError(f"{cfg.task.describe('train')} holds {len(train)} examples, fewer than train.prompts_per_step="
                          f"{tr.prompts_per_step}: add examples, or lower train.prompts_per_step")
-    if cfg.env is not None:  # the evaluation harness samples one turn: an environment's runs are not evaluated
-        held = None
     if held is not None:
         if len(held) < tr.eval_prompts:
             raise ValueError(
@@ -183,12 +181,20 @@ def check_prompts(cfg: Config, task: Task) -> None:
                 if problem:
                     raise ValueError(f"{where} {problem}")
             try:
-                n = len(tok.encode(data.render(cfg.template, example, chat)))
+                n = len(tok.encode(render(cfg, example, chat)))
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
             if not 0 < n <= width:
                 raise ValueError(f"{where} renders to {n} tokens; sampling.max_prompt_len={width}: raise it, "
                                  "or remove the example")
+
+
+def render(cfg: Config, example: Mapping, chat) -> str:
+    """An example's prompt text: its "prompt" (with an environment, the environment's `reset` of it) in the
+    run's template."""
+    if cfg.env is not None:
+        example = {**example, "prompt": cfg.env.reset(example)}
+    return data.render(cfg.template, example, chat)
 
 
 def check_params(model: models.ModelConfig, params) -> None:
@@ -429,12 +435,9 @@ class Trainer:
     # -- rollouts --------------------------------------------------------------------------------
 
     def _prompts(self, examples: data.Source) -> tuple[list[str], sampling.Prompts]:
-        """The rendered prompts (with an environment, of its `reset`) and their tokens."""
-        tok, env = self.task.tokenizer, self.cfg.env
+        tok = self.task.tokenizer
         chat = getattr(tok, "apply_chat_template", None)
-        examples = [examples[i] if env is None else {**examples[i], "prompt": env.reset(examples[i])}
-                    for i in range(len(examples))]
-        texts = [data.render(self.cfg.template, example, chat) for example in examples]
+        texts = [render(self.cfg, examples[i], chat) for i in range(len(examples))]
         return texts, sampling.pad_prompts([tok.encode(t) for t in texts], self.cfg.sampling)
 
     def sample(self, examples: data.Source, rng, sampling_cfg, temperatures: np.ndarray | None = None) -> dict:
@@ -603,6 +606,9 @@ class Trainer:
             total = scores @ weights
             if baseline is not None:  # each row's reward less its prompt's expected reward, before this round
                 s["centred"] = total - np.repeat(baseline[group], g).astype(np.float32)
+                if s["correct"] is not None:  # its baseline against the round's success rate, per prompt
+                    n = np.bincount(group, minlength=k) * g
+                    s["tracked"] = (baseline, np.bincount(rows, s["correct"], k) / n, n)
             drawn.append(s)
             if self.sampler.spec.reuse:  # a group with no correct answer borrows its prompt's stored one
                 solved = np.zeros(k, bool)
@@ -740,6 +746,13 @@ class Trainer:
             "time/generate_s": sum(s["generate_s"] for s in drawn),  # the jitted sampler alone
             "throughput/sample_tokens_per_s": float(lengths.sum()) / max(sample_time, 1e-9),
         }
+        tracked = [s["tracked"] for s in drawn if "tracked" in s]
+        if tracked:  # a sampler's baseline v against p, its prompt's success rate, which a round's n >= 2 samples
+            v, p, n = (np.concatenate(x) for x in zip(*tracked))  # estimate without bias (p^ (1 - p^) / (n - 1))
+            v, p, var = v[n > 1], p[n > 1], p[n > 1] * (1 - p[n > 1]) / (n[n > 1] - 1)
+            if v.size:  # (v - p)^2 unbiased, and the variance of the round's own group mean
+                m["sampler/baseline_sq_error"] = float(np.mean((v - p) ** 2 - var))
+                m["sampler/group_mean_var"] = float(np.mean(var))
         if drawn[0]["correct"] is not None:
             correct = np.concatenate([s["correct"] for s in drawn])
             m["accuracy"] = float(correct.mean())
@@ -801,6 +814,7 @@ class Trainer:
         adv = self.last_rollout["advantages"][: int(metrics["groups/kept"]) * self.cfg.sampling.group_size]
         metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
+        metrics["advantage/zero_frac"] = float((np.abs(adv).reshape(len(adv), -1).max(1) == 0).mean()) if adv.size else 0.0
         if k:  # l^old under the params that sampled, which the trainer will have moved past
             batches = self.minibatches(batches)
         item = dict(batches=batches, metrics=metrics, last_rollout=self.last_rollout, version=self.version,
@@ -893,9 +907,32 @@ class Trainer:
         sampled with the sampler's params on its mesh and the step's key. A set of any size runs on any
         mesh: it is padded with copies of its first example to a multiple of the batch devices, and the
         padding's rows enter no metric and no record (no problem is dropped or counted twice)."""
+        if self.cfg.env is not None:
+            return self._evaluate_trajectories()
         return evaluate.evaluate_held_out(self.cfg, self.task.held_out, self.task.tokenizer, self.task.rewards,
                                           self.cfg.model, self.sampler_params, self.gen_mesh,
                                           jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step))
+
+    def _evaluate_trajectories(self) -> tuple[dict, list[dict]]:
+        """With an environment: one greedy trajectory per held-out example (the set padded with copies of
+        its first example to a multiple of the sampler's batch devices, the copies counted nowhere).
+        eval/accuracy_greedy: the share whose final reward is >= 1 (solved, for the tool environments);
+        eval/return_mean; eval/tool_call_rate: the share with an observation."""
+        examples = list(self.task.held_out)
+        rows = examples + examples[:1] * (-len(examples) % self.gen_shards)
+        scfg = dataclasses.replace(self.cfg.sampling, group_size=1, greedy=True)
+        _, prompts = self._prompts(rows)
+        key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step)
+        _, turns = multi_turn.rollout(self.cfg.model, scfg, self.cfg.env, self.task.tokenizer, self.gen_mesh,
+                                      self.sampler_params, prompts, rows, key)
+        turns = turns[: len(examples)]
+        solved = [t.rewards[-1] >= 1.0 for t in turns]
+        metrics = {"eval/accuracy_greedy": float(np.mean(solved)), "eval/return_mean": float(np.mean([t.total for t in turns])),
+                   "eval/tool_call_rate": float(np.mean([bool(t.observations) for t in turns]))}
+        records = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer"),
+                    "greedy": {"completions": t.completions, "observations": t.observations, "rewards": t.rewards,
+                               "correct": ok}} for i, (ex, t, ok) in enumerate(zip(examples, turns, solved))]
+        return metrics, records
 
     # -- checkpoints -------------------------------------------------------------------------------
 
