@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from grpo_jax import envs
 from grpo_jax.config import AlgorithmConfig, override
 from grpo_jax.rewards import functions
 
@@ -23,6 +24,7 @@ import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
 import preset_table  # noqa: E402
 import study  # noqa: E402
+import tool_use  # noqa: E402
 import warm_start  # noqa: E402
 
 STEPS, SEEDS = 2, (0,)
@@ -249,6 +251,22 @@ def test_length_bias(tmp_path):
                 parts = acc * correct + (1 - acc) * incorrect
                 assert parts == pytest.approx(r["completion/length_mean"], rel=1e-5)
                 assert 1 <= r["completion/length_mean"] <= s.arms[arm].sampling.max_new_tokens
+
+
+def test_tool_use(tmp_path):
+    """Two of its arms (trajectory credit with the calculator, and the no-tool ceiling); the warm start's
+    target is a trajectory the calculator solves, turn by turn."""
+    s, summary = run_tiny(tool_use, tmp_path, arms=("gspo_token", "no_tool"))
+    check_outputs(s, summary, tmp_path, tool_use.claims)
+    env, src = s.arms["gspo_token"].env, s.arms["gspo_token"].task.sources(0)[0]
+    for ex in (src[i] for i in range(20)):
+        call, answer = tool_use.tool_call(ex, np.random.default_rng(0)).split("]", 1)
+        step = env.step(envs.State(ex), call + "]")
+        assert 4 <= len(ex["prompt"].split("*")[0]) <= 6 and answer == step.observation * 2 and not step.done
+        assert env.step(envs.State(ex, (call + "]",), (step.observation,), last=True), answer[len(step.observation):]) == (
+            "", 1.0, True)
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "gspo_token" / "seed0" / "metrics.jsonl").open()]
+    assert all(0 <= r["env/tool_call_rate"] <= 1 for r in rows[1:]) and "eval/tool_call_rate" in rows[0]
 
 
 def test_preset_table(tmp_path, monkeypatch):
