@@ -152,6 +152,22 @@ def turn(
         return out["tokens"], out["logprobs"], out["n"], cache
 
 
+def _encode(tokenizer, text: str) -> list[int]:
+    """An observation's tokens; characters the tokenizer cannot encode (a char-level one raises on them)
+    are dropped, so that no tool output can stop a run."""
+    try:
+        return tokenizer.encode(text, continuation=True)
+    except ValueError:
+        return _encode(tokenizer, "".join(c for c in text if _encodes(tokenizer, c)))
+
+
+def _encodes(tokenizer, char: str) -> bool:
+    try:
+        return bool(tokenizer.encode(char, continuation=True))
+    except ValueError:
+        return False
+
+
 def rollout(
     cfg: ModelConfig, sampling_cfg: SamplingConfig, env: envs.EnvConfig, tokenizer, mesh: Mesh | None, params,
     row_prompts: sampling.Prompts, examples: list[dict], rng: Key[Array, ""],
@@ -196,8 +212,7 @@ def rollout(
             truncated[b] = used[b] == budget and not step.done
             if step.done or last:
                 continue
-            obs = tokenizer.encode(step.observation, continuation=True)[: min(env.max_observation_tokens,
-                                                                              budget - used[b] - 1)]
+            obs = _encode(tokenizer, step.observation)[: min(env.max_observation_tokens, budget - used[b] - 1)]
             r.observations.append(step.observation)
             tokens[b, used[b]: used[b] + len(obs)] = obs
             used[b] += len(obs)

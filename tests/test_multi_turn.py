@@ -117,7 +117,8 @@ def test_observations_get_exactly_zero_gradient_and_stay_out_of_the_normalizers(
 
 def test_turn_limit_and_token_budget(sampled):
     """Two turns at most: the second is the last (`State.last`) and its observation is dropped; a
-    budget of 16 tokens ends trajectories mid-turn (truncated) and cuts observations to fit."""
+    budget of 16 tokens ends trajectories mid-turn (truncated) and cuts observations to fit; what the
+    tokenizer cannot encode of an observation is left out."""
     params, prompts, rows, *_ = sampled
     seen = []
 
@@ -125,7 +126,7 @@ def test_turn_limit_and_token_budget(sampled):
     class Never(envs.EnvConfig):
         def step(self, state, completion):
             seen.append(state.last)
-            return envs.Step("abcdef", 0.0, False)
+            return envs.Step("abc\u00e9def", 0.0, False)  # a character the tokenizer cannot encode is dropped
 
     scfg = dataclasses.replace(SCFG, max_new_tokens=16)
     rollout, turns = multi_turn.rollout(CFG, scfg, Never(max_turns=2), TOK, None, params, prompts, rows,
