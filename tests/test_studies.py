@@ -23,6 +23,7 @@ import gspo_vs_grpo  # noqa: E402
 import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
 import preset_table  # noqa: E402
+import staleness  # noqa: E402
 import study  # noqa: E402
 import tool_use  # noqa: E402
 import warm_start  # noqa: E402
@@ -358,6 +359,35 @@ def test_moe_routing(tmp_path):
             assert compared == arm.startswith("grpo"), arm
             assert not compared or (r["routing/log_ratio_abs_mean_own"] >= 0 and r["routing/log_ratio_abs_mean_replayed"] >= 0)
     assert {c["source"] for c in summary["claims"]} == {"arXiv 2507.18071 (GSPO), sec. 5.3"}
+    assert "not_run" not in [c["verdict"] for c in summary["claims"]]
+
+
+def test_staleness(tmp_path):
+    # GRPO at every k, GSPO at the largest (its k = 0 run is GRPO's: one on-policy update, ratio 1), the null pair
+    # at k = 0; the rate chosen once, on grpo_k0, and followed by every other arm; one on-policy update per rollout
+    # batch, so staleness is all that is off-policy.
+    full = staleness.get_study(quick=False)
+    arms = {a: (c.algorithm.loss.name, c.train.max_staleness) for a, c in full.arms.items()}
+    assert arms == {**{f"grpo_k{k}": ("ppo_clip", k) for k in (0, 1, 2, 4, 8)}, "gspo_k8": ("gspo", 8),
+                    "gspo_token_k0": ("gspo_token", 0)}
+    assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(1, 1, 0.0)}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo_k0", "gspo_token_k0")
+    assert list(study.trials(full)) == [f"grpo_k0@{lr:g}" for lr in full.learning_rates]
+    assert study.followers(full) == {a: ("grpo_k0", 1.0) for a in full.arms if a != "grpo_k0"}
+    s, summary = run_tiny(staleness, tmp_path)
+    check_outputs(s, summary, tmp_path, staleness.claims)
+    # A stale arm logs its staleness and the trainer's log-prob gap to the sampler (numerics only at the first
+    # step, whose rollout the initial params sampled, STEPS = 2 < k; one update's drift at the second), a
+    # synchronous one neither.
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm, cfg in s.arms.items():
+        rows = [r for r in stored[arm]["0"]["rows"] if r["step"] > 0]
+        k = cfg.train.max_staleness
+        assert [r.get("staleness/mean") for r in rows] == ([0.0, 1.0] if k else [None, None]), arm
+        assert k == 0 or rows[0]["staleness/logprob_gap_mean"] < 1e-4 < rows[1]["staleness/logprob_gap_mean"], arm
+        assert all(r["sampler_drift_mean"] < 1e-4 for r in rows), arm  # what a correction would weigh: numerics
+    assert [c["source"].split(" (")[0] for c in summary["claims"]] == ["arXiv 2505.22257", "arXiv 2606.30789",
+                                                                       "arXiv 2507.18071"]
     assert "not_run" not in [c["verdict"] for c in summary["claims"]]
 
 

@@ -1,0 +1,150 @@
+"""Staleness: GRPO and GSPO trained on rollouts k updates old (issue 38 item 4, `train.max_staleness`),
+under the shared protocol (experiments/protocol.py).
+
+    python experiments/staleness.py [--quick] [--resume] [--rejudge]
+
+Under max_staleness = k, step t trains on the rollout sampled with the params of step t - k, and l^old
+is taken under those params: the loss's ratio pi_theta / pi_(t-k) carries the staleness, and the
+clipping range is what limits an update on stale samples (README, "Asynchronous RL"). So the mechanism
+is visible per step: the trainer's log-prob gap to the sampler (staleness/logprob_gap_mean) and the
+clipped fraction grow with k, GSPO's sequence band (3e-4 / 4e-4) against GRPO's token band (0.2).
+
+The task is the quickstart's (experiments/configs/quickstart.py: two-operand "+-" arithmetic to 19, the
+2-layer char-level model, answer-only completions of 2 to 4 tokens): the cheapest step there is, and
+staleness acts per update, not per token, so short completions hide nothing of it (the GSPO studies'
+length mechanism is not claimed here). One warm start (seed 0, `Study.warm_start_seed`) to WARM_START's
+held-out accuracy is every run's base model. 32 prompts x 8 samples a step, one update per rollout
+batch (minibatches 1): at k = 0 every update is exactly on-policy (ratio 1), so staleness is the only
+thing off-policy. Constant learning rate, no KL.
+
+Arms, on the same warm start, data and sampling keys per seed:
+- grpo_kK for K in STALENESS: token ratios clipped to [0.8, 1.2];
+- gspo_kMAX: sequence ratios (length-normalized) clipped to [1 - 3e-4, 1 + 4e-4];
+- gspo_token_k0: the null control, on its own rollouts (protocol).
+grpo_k0 is GSPO's k = 0 run too: with one on-policy update the ratio is 1, no clipping acts, and both
+gradients are A_i times the mean over the completion's tokens of grad log pi (the pilot's grpo and gspo
+at k = 0 logged the same reward at every one of 40 steps, and the same held-out accuracies), so a gspo_k0
+would be grpo_k0 again; and at k = 0 GSPO-token's is that gradient as well, so the null pair is
+(grpo_k0, gspo_token_k0). Learning rates: grpo_k0 chooses among RATES on the selection seeds; every
+other arm takes its rate (`rate_from`): staleness changes which params sampled, not the objective, and
+each stale arm is the on-policy run made stale.
+
+Cut for the budget (a full study in about two hours on 2 cores): GSPO at k = 1, 2, 4 (the claim
+compares the families at the largest k) and the rollout corrections (token TIS, sequence mask). Those
+are cut for a reason, not only cost: they weigh l^old - l^samp, and l^old is taken under the very params
+that sampled, so at any k they see the sampler/trainer numerics only. Measured in the pilot at k = 8:
+mean |l^old - l^samp| 6e-7 (max 2e-5), token TIS's mean weight 1 - 3e-9, and its run's reward and
+held-out accuracies those of the uncorrected run: an arm with a correction is the uncorrected arm to
+float rounding, a comparison that cannot fail for the right reason. A correction that carries the
+staleness needs a decoupled objective (l^old under the trainer's params of the step, the weight
+pi_old / pi_sampler): not built.
+
+Measured, not guessed (pilot: seed 0, 40 steps per arm, 2 cores shared with another study, load 5.5):
+a step takes 0.17 s at k = 0 and 0.18-0.24 s at k = 8 (the l^old forward; sampling ahead overlaps
+little on 2 cores), a run adds about 20 s (start-up, compilation of its loss, evaluations), the warm
+start 100 s (350 steps). Full study: 6 selection runs (3 rates x 2 seeds) + 7 arms x 8 seeds = 62 runs
+of STEPS = 240 steps, about 62 x 70 s + 100 s, 75 minutes (more under load); run it with --resume.
+--quick: 2 seeds of 60 steps at QUICK_RATE, no selection (not the full protocol): 14 runs, about 8
+minutes with the warm start.
+"""
+
+from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
+
+from grpo_jax.config import override
+
+import protocol
+import study
+from warm_start import WarmStart
+
+OFF_POLICY = "arXiv 2505.22257 (off-policy GRPO)"
+INERTIAL = "arXiv 2606.30789 (Predictable GRPO)"
+GSPO = "arXiv 2507.18071 (GSPO)"
+STALENESS = (0, 1, 2, 4, 8)
+MAX = STALENESS[-1]
+NULL = ("grpo_k0", "gspo_token_k0")
+FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "gspo": ["algorithm.preset=gspo"],
+            "gspo_token": ["algorithm.preset=gspo_token"]}
+ARMS = {**{f"grpo_k{k}": ("grpo", k) for k in STALENESS}, f"gspo_k{MAX}": ("gspo", MAX), "gspo_token_k0": ("gspo_token", 0)}
+WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
+RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
+# Non-inferiority margin in training reward (mean over the run), declared before any run: the pilot's
+# on-policy run gained 0.08 in its first 40 steps.
+MARGIN = 0.03
+
+
+def reward(run) -> float:  # mean over the run: the area under reward vs updates, per update
+    return run.mean("reward/mean")
+
+
+def final_accuracy(run) -> float:
+    return run.mean("eval/accuracy_greedy", 0.8)
+
+
+CLAIMS = (
+    protocol.Claim(
+        "Off-policy GRPO matches on-policy GRPO at small staleness", source=f"{OFF_POLICY}, abstract",
+        paper="off-policy GRPO (rollouts from an older policy, clipped surrogate) either significantly outperforms "
+              "or performs on par with on-policy GRPO",
+        halves=tuple(protocol.Difference(f"training reward over the run, k = {k} no worse than k = 0 by {MARGIN}",
+                                         reward, f"grpo_k{k}", "grpo_k0", at_least=-MARGIN) for k in (1, 2))),
+    protocol.Claim(
+        "Beyond a staleness threshold GRPO's training degrades, and more than in proportion to the staleness",
+        source=f"{INERTIAL}: the stability threshold in the refresh interval",
+        paper="off-policy lag erodes the damping of the inertial model: past a threshold in the refresh interval "
+              "the dynamics turn unstable",
+        halves=(protocol.Difference(f"training reward over the run, k = 0 minus k = {MAX}", reward,
+                                    "grpo_k0", f"grpo_k{MAX}"),
+                protocol.Contrast(f"training reward over the run: the loss from k = 4 to {MAX} minus that from 0 to 4 "
+                                  "(a threshold, not a proportional erosion)", reward,
+                                  (("grpo_k4", 2.0), ("grpo_k0", -1.0), (f"grpo_k{MAX}", -1.0))))),
+    protocol.Claim(
+        f"GSPO tolerates staleness better than GRPO: from the k = 0 run they share, it loses less at k = {MAX}",
+        source=f"{GSPO}, sec. 5.4, carried from precision to staleness (issue 38's question)",
+        paper="no paper claims it of staleness; GSPO's sec. 5.4: sequence-level likelihoods tolerate the precision "
+              "discrepancy between the inference engine and the trainer",
+        halves=(protocol.Difference(f"training reward over the run at k = {MAX}", reward, f"gspo_k{MAX}", f"grpo_k{MAX}"),
+                protocol.Difference(f"held-out greedy accuracy, last 20%, at k = {MAX}", final_accuracy,
+                                    f"gspo_k{MAX}", f"grpo_k{MAX}"))),
+)
+
+
+def claims(results: study.Results) -> list[dict]:
+    return [protocol.judge(c, results, NULL) for c in CLAIMS]
+
+
+TABLE = {
+    "training reward, mean over the run": reward,
+    "held-out greedy accuracy, last 20% of the run": final_accuracy,
+    "staleness (updates), mean over the run": lambda r: r.mean("staleness/mean"),
+    "trainer-sampler log-prob gap, mean": lambda r: r.mean("staleness/logprob_gap_mean"),
+    "trainer-sampler log-prob gap, max": lambda r: r.mean("staleness/logprob_gap_max"),
+    "clipped token fraction": lambda r: r.mean("clip_frac_tokens"),
+    "|l^old - l^samp|, mean (what a rollout correction weighs)": lambda r: r.mean("sampler_drift_mean"),
+    "collapsed (fraction of seeds)": protocol.collapsed,
+    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
+}
+
+
+def get_study(quick: bool) -> study.Study:
+    base = override(quickstart_config(), [
+        "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
+        f"train.steps={QUICK_STEPS if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=1",
+        "train.eval_prompts=256", f"train.eval_every={20 if quick else 30}", f"train.checkpoint_every={30 if quick else 60}",
+    ])
+    return study.Study(
+        name="staleness",
+        arms={arm: override(base, [*FAMILIES[family], f"train.max_staleness={k}"]) for arm, (family, k) in ARMS.items()},
+        **study.sized(quick, RATES),
+        rate_from={arm: ("grpo_k0", 1.0) for arm in ARMS if arm not in NULL},
+        null_pair=NULL,
+        warm_start=WARM_START,
+        warm_start_seed=0,
+        derive={"clip_frac_tokens": study.clip_frac_tokens},
+        table=TABLE,
+        plots=(study.Plot("curves", ("reward/mean", "eval/accuracy_greedy", "staleness/logprob_gap_mean",
+                                     "clip_frac_tokens")),),
+    )
+
+
+if __name__ == "__main__":
+    study.main(get_study, claims)
