@@ -16,6 +16,7 @@ import optax
 from grpo_jax import data, sampling, sharding, trainer
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config
+from grpo_jax.data.tasks import TaskConfig
 
 
 def answer_only(example: dict, rng: np.random.Generator) -> str:
@@ -39,6 +40,9 @@ class WarmStart:
     eval_every: int = 25
     max_steps: int = 2000
     target: Callable[[dict, np.random.Generator], str] = answer_only  # completion text of an example
+    # The task it trains and stops on, if not the run's: a run that draws from a finite pool warm-starts on
+    # the whole problem space, so that the pool is not memorized before RL.
+    task: TaskConfig | None = None
 
 
 WIDTH_STEP = 16  # batch widths are rounded up to a multiple of this: a few compiled shapes, little padding
@@ -74,6 +78,7 @@ def warm_start(cfg: Config, ws: WarmStart = WarmStart(), params=None) -> tuple[o
     """(params, log) after cross-entropy on the targets until greedy held-out accuracy >= ws.accuracy.
 
     Starts from `params`, or from the model initialized with cfg.train.seed as a run would."""
+    cfg = cfg if ws.task is None else dataclasses.replace(cfg, task=ws.task)
     t = trainer.Trainer(cfg, params)
     optimizer = optax.adamw(ws.learning_rate)
     params = t.state.params

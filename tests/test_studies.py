@@ -6,6 +6,7 @@ train step per arm)."""
 import dataclasses
 import json
 import pathlib
+import re
 import shutil
 import sys
 
@@ -23,6 +24,7 @@ import gspo_vs_grpo  # noqa: E402
 import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
 import preset_table  # noqa: E402
+import prompt_samplers  # noqa: E402
 import staleness  # noqa: E402
 import study  # noqa: E402
 import tool_use  # noqa: E402
@@ -457,3 +459,56 @@ def test_warm_start_batches_are_as_wide_as_their_longest_rows():
     trimmed, _ = ts.completion_logprobs(cfg.model, 1.0, params, tokens, positions, segments, mask, False)
     padded, _ = ts.completion_logprobs(cfg.model, 1.0, params, *full, np.concatenate([mask, right.astype(np.float32)], 1), False)
     np.testing.assert_allclose(np.asarray(trimmed) * mask, np.asarray(padded)[:, :c] * mask, atol=1e-5)
+
+
+def test_prompt_samplers(tmp_path):
+    # Each sampler's preset against the uniform shuffle (GRPO, beta 0) and its null copy; grpo and spo choose
+    # their rates, the samplers take grpo's; one warm start; a pool of prompts of 1- and 2-digit operands.
+    full = prompt_samplers.get_study(quick=False)
+    arms = full.arms
+    assert list(arms) == ["grpo", "grpo_null", "vade", "curriculum", "gdro", "spo", "ar3po", "repo"]
+    assert [c.algorithm.sampler.name for c in arms.values()] == [
+        "uniform", "uniform", "vade", "curriculum", "gdro", "spo", "ar3po", "repo"]
+    assert {c.algorithm.beta for c in arms.values()} == {0.0} and arms["grpo"] == arms["grpo_null"]
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo", "grpo_null")
+    assert list(study.trials(full)) == [f"{a}@{lr:g}" for a in ("grpo", "spo") for lr in full.learning_rates]
+    train = arms["grpo"].task.sources(0)[0]
+    assert len(train) == prompt_samplers.POOL
+    problems = [train[i] for i in range(len(train))]
+    parsed = [re.fullmatch(r"(\d+)([+-])(\d+)=", p["prompt"]).groups() for p in problems]
+    assert {(len(a), len(b)) for a, _, b in parsed} == {(1, 1), (1, 2), (2, 1), (2, 2)}  # easy to hard
+    assert [str(int(a) + int(b) if op == "+" else int(a) - int(b)) for a, op, b in parsed] == [p["answer"] for p in problems]
+
+    s, summary = run_tiny(prompt_samplers, tmp_path)
+    check_outputs(s, summary, tmp_path, prompt_samplers.claims)
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm in s.arms:
+        rows = [r for r in stored[arm]["0"]["rows"] if r["step"] > 0]
+        assert all(0 <= r["advantage/zero_frac"] <= 1 for r in rows), arm
+        # GRPO's zero advantages are exactly its degenerate groups' samples (every group kept, all of size G)
+        if arm.startswith("grpo"):
+            assert [r["advantage/zero_frac"] for r in rows] == [r["groups/zero_variance_frac"] for r in rows]
+        tracked = [r for r in rows if "sampler/baseline_sq_error" in r]
+        assert len(tracked) == (len(rows) if arm == "spo" else 0), arm
+    first = next(r for r in stored["spo"]["0"]["rows"] if r["step"] == 1)
+    # Before any round every baseline is the prior 0.5: (v - p)^2 = the error + the group mean's variance <= 1/4
+    assert 0 <= first["sampler/group_mean_var"] and 0 <= first["sampler/baseline_sq_error"] + first[
+        "sampler/group_mean_var"] <= 0.25 + 1e-3
+
+
+def test_prompt_samplers_rollouts_and_targets():
+    cfgs = prompt_samplers.get_study(quick=True).arms
+    rows = [{"step": 0, "eval/accuracy_greedy": 0.2}] + [
+        {"step": k, "groups/gen_rounds": 1.0, "replay/rows": 64.0, "completion/length_mean": 2.0, "reward/mean": 0.5,
+         **({"eval/accuracy_greedy": 0.2 + 0.1 * k / 10} if k % 10 == 0 else {})} for k in range(1, 41)]
+    per_step = 32 * 8
+    repo, ar3po = (study.Run(a, 0, cfgs[a], [dict(r) for r in rows]) for a in ("repo", "ar3po"))
+    # RePO does not generate the groups it replays; AR3PO's lent answers replace samples it generated
+    assert prompt_samplers.rollouts(repo)[-1] == 40 * (per_step - 64)
+    assert prompt_samplers.rollouts(ar3po)[-1] == 40 * per_step
+    assert prompt_samplers.tokens(ar3po) == 40 * per_step * 2.0
+    assert prompt_samplers.reward_per_token(ar3po) == pytest.approx(0.5 / 2.0 * 1e3)
+    assert prompt_samplers.rollouts_to_target(ar3po) == 10 * per_step  # warm start 0.2 + 0.1, reached at step 10
+    flat = study.Run("ar3po", 0, cfgs["ar3po"], [{**r, "eval/accuracy_greedy": 0.2} if "eval/accuracy_greedy" in r
+                                                  else r for r in rows])
+    assert prompt_samplers.rollouts_to_target(flat) == 60 * per_step  # never: its 40 steps and an interval (20) more

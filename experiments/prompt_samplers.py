@@ -1,0 +1,271 @@
+"""Prompt samplers against the uniform shuffle (issue 41 item 3), under the shared protocol
+(experiments/protocol.py): SPO's degenerate groups and value tracker, VADE, GDRO and a difficulty-pool
+curriculum per sampled token, AR3PO's and RePO's rollouts to a set accuracy.
+
+    python experiments/prompt_samplers.py [--quick] [--resume] [--rejudge]
+
+The task has a real mix of difficulties and a finite pool, so that per-prompt state sees each prompt
+again: two-operand "+-" arithmetic whose operands have 1 or 2 digits (each operand's digit count
+uniform, TASK), answer-only (2 to 4 tokens), from a pool of POOL training prompts per seed (held-out
+problems from the whole space). The quickstart's 2-layer char-level model is warm-started once (seed 0,
+shared by every run: `Study.warm_start_seed`) on the whole problem space (the pool it would memorize)
+to WARM_START's held-out accuracy; after it about half of GRPO's groups are all right or all wrong
+(measured, 20 steps): per-prompt success rates span 0 to 1. 32 prompts x 8 samples a step, one
+on-policy update per rollout batch, no KL.
+
+Arms, on the same warm start, data and seeds (each a preset of docs/presets.md, beta 0):
+- grpo: the uniform shuffle (preset grpo, beta 0), the reference of every comparison;
+- grpo_null: the same, on its own rollouts: the null pair (protocol), whose spread is the noise floor;
+- vade (2511.18902), curriculum (prime-rl's pools), gdro (2601.19280): which prompts (GDRO: and how
+  many samples each); the update is GRPO's;
+- spo (2509.13232): the value tracker's baseline and batch-normalized advantages, prioritized prompts.
+  It keeps G = 8 samples a prompt (the paper samples one): the same shapes and sample budget as GRPO,
+  and a round's G samples estimate each prompt's success rate without bias, which the tracker's
+  error needs (`tracker_error`);
+- ar3po (2509.25808), repo (2506.09340): their rollouts spent differently at one batch size (AR3PO:
+  more slots to prompts with no correct answer, correct answers lent; RePO: half the slots replayed).
+The trainer logs what the claims read: advantage/zero_frac (trained samples whose advantage is 0), and
+for a sampler with a baseline sampler/baseline_sq_error (its squared error against each prompt's true
+success rate, unbiased) beside sampler/group_mean_var (the variance of the round's own group mean).
+Costs count the completions generated (`rollouts`: RePO's replayed groups are not generated again) and
+their tokens.
+
+Learning rates: grpo and spo choose theirs among RATES on the selection seeds (protocol); the others
+take grpo's (`rate_from`): a sampler changes which samples an update sees, not the update, and a rate
+chosen per sampler would cost 15 runs more, a quarter of the budget. (RePO's and AR3PO's replayed
+samples are off-policy, weighed by token TIS: the same loss.)
+
+Per step (32 x 8 samples and the update; measured on this 2-core machine at load average 5-6, shared
+with other jobs, seed 0, 20 steps after the warm start): uniform, VADE, curriculum, GDRO, SPO 0.15 to
+0.18 s, RePO 0.26 s, AR3PO 0.38 s (its store and lent answers); a run of 20 steps with 3 evaluations of
+256 prompts took 5 to 10 s (AR3PO 27 s, compiling its own programs). The warm start took 525 steps
+(about 2.5 minutes). So a run of STEPS = 300 steps (evaluated every 20) takes about 1 minute (RePO 1.5,
+AR3PO 2.3): the full study, 12 selection runs + 8 arms x 8 seeds = 76 runs and one warm start, about
+90 minutes. Cut for it: ERPO (no claim of the issue), a rate chosen per sampler, per-seed warm starts.
+--quick: 2 seeds of 100 steps, every arm at QUICK_RATE (no selection: not under the full protocol),
+about 10 minutes.
+"""
+
+import dataclasses
+
+import numpy as np
+from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
+
+from grpo_jax import data
+from grpo_jax.config import override
+from grpo_jax.data.tasks import SPLITS, SYNTHETIC_SIZE, TaskConfig, _check_split, _draw
+
+import protocol
+import study
+from warm_start import WarmStart
+
+POOL = 512  # training prompts per seed: 32 a step see each about every 16 steps (19 times in a full run)
+
+
+@data.register("arithmetic_digits")
+@dataclasses.dataclass(frozen=True)
+class DigitsConfig(TaskConfig):
+    """Two operands of 1 to `max_digits` digits (each operand's count uniform, so that short and long
+    problems are equally common) joined by one of `operators`, answer only; the training split is a pool
+    of `pool` examples per seed (0: unbounded), the held-out split the whole problem space."""
+
+    max_digits: int = 2
+    operators: str = "+-"
+    pool: int = 0
+    held_out_fraction: float = 0.1
+    generated = True
+
+    def __post_init__(self):
+        if self.max_digits < 1 or self.pool < 0 or not self.operators or set(self.operators) - set("+-"):
+            raise ValueError(f"{self}: max_digits >= 1, pool >= 0 and operators a non-empty subset of '+-'")
+
+    def sources(self, seed):
+        return tuple(Digits(self, split, self.pool if split == "train" and self.pool else SYNTHETIC_SIZE, seed)
+                     for split in SPLITS)
+
+
+class Digits:
+    """`size` examples of one split; example i is fixed by (config, split, seed, i), as arithmetic's."""
+
+    def __init__(self, config: DigitsConfig, split: str, size: int, seed: int):
+        _check_split(split, config.held_out_fraction, "DigitsConfig")
+        self.config, self.split, self.size, self.seed = config, split, size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _make(self, rng: np.random.Generator) -> dict:
+        digits = rng.integers(1, self.config.max_digits + 1, 2)
+        a, b = (int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d)) for d in digits)
+        op = str(rng.choice(list(self.config.operators)))
+        return {"prompt": f"{a}{op}{b}=", "answer": str(a + b if op == "+" else a - b)}
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        return _draw(self._make, self.split, self.config.held_out_fraction, self.seed, index)
+
+
+TASK = ["task=arithmetic_digits", "task.max_digits=2", f"task.pool={POOL}"]  # as WARM_START's, pooled
+# On the whole problem space (not the pool, which it would memorize) to a fifth of the held-out problems.
+WARM_START = WarmStart(accuracy=0.2, task=DigitsConfig(max_digits=2))
+RATES, QUICK_RATE, STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 300
+NULL = ("grpo", "grpo_null")
+GRPO = ["algorithm.preset=grpo", "algorithm.beta=0"]
+ARMS = {"grpo": GRPO, "grpo_null": GRPO, **{p: [f"algorithm.preset={p}"] for p in
+                                              ("vade", "curriculum", "gdro", "spo", "ar3po", "repo")}}
+FOLLOW_GRPO = ("vade", "curriculum", "gdro", "ar3po", "repo")
+SAMPLERS = ("vade", "curriculum", "gdro")
+TARGET_GAIN = 0.1  # AR3PO's and RePO's set accuracy: the warm start's held-out accuracy + this
+
+
+def rollouts(run) -> np.ndarray:
+    """Completions generated up to each step (step 0 first): every slot of every round, less the stored
+    groups RePO trains on again (AR3PO's lent answers replace samples that were generated)."""
+    cfg = run.config
+    replays = cfg.algorithm.sampler.spec.replays and not cfg.algorithm.sampler.spec.reuse
+    rows = [r for r in run.rows if "groups/gen_rounds" in r or r["step"] == 0]
+    fresh = [0.0] + [cfg.train.prompts_per_step * cfg.sampling.group_size * r["groups/gen_rounds"]
+                     - (r.get("replay/rows", 0.0) if replays else 0.0) for r in rows if r["step"] > 0]
+    return np.cumsum(fresh)
+
+
+def tokens(run) -> float:
+    """Completion tokens generated over the run (replayed groups are not generated again)."""
+    rows = [r for r in run.rows if "groups/gen_rounds" in r]
+    return float(np.diff(rollouts(run)) @ np.array([r["completion/length_mean"] for r in rows]))
+
+
+def final_accuracy(run) -> float:
+    return run.mean("eval/accuracy_greedy", 0.8)
+
+
+def warm_accuracy(run) -> float:
+    steps, acc = run.series("eval/accuracy_greedy", "step")
+    return float(acc[steps == 0][0]) if acc.size else float("nan")
+
+
+def reward_per_token(run) -> float:
+    """Training reward earned per thousand completion tokens generated: the sum over steps of the mean
+    reward times the fresh samples, over the tokens."""
+    rows = [r for r in run.rows if "groups/gen_rounds" in r]
+    return float(np.diff(rollouts(run)) @ np.array([r["reward/mean"] for r in rows])) / tokens(run) * 1e3
+
+
+def gain_per_token(run) -> float:
+    """Held-out greedy accuracy gained (last 20% of the run less the warm start) per million tokens generated."""
+    return (final_accuracy(run) - warm_accuracy(run)) / tokens(run) * 1e6
+
+
+def rollouts_to_target(run) -> float:
+    """Completions generated until held-out greedy accuracy first reaches the warm start's + TARGET_GAIN; a
+    run that never does counts as its whole run's rollouts plus one evaluation interval's (a lower bound)."""
+    steps, acc = run.series("eval/accuracy_greedy", "step")
+    cum = rollouts(run)
+    hit = np.flatnonzero((steps > 0) & (acc >= warm_accuracy(run) + TARGET_GAIN))
+    if hit.size:
+        return float(cum[int(steps[hit[0]])])
+    return float(cum[-1] * (1 + run.config.train.eval_every / (len(cum) - 1)))
+
+
+def zero_share(run) -> float:
+    """The share of trained samples whose advantage is 0 (a degenerate group's, for GRPO), over the run."""
+    return run.mean("advantage/zero_frac")
+
+
+def tracker_error(run) -> float:
+    """log10 of the value tracker's mean squared error against each prompt's true success rate (unbiased:
+    the round's G samples estimate it) over the variance of a G-sample group mean (GRPO's baseline), the
+    second half of the run: below 0, the tracker knows a prompt's success rate better than a fresh group."""
+    mse, var = run.mean("sampler/baseline_sq_error", 0.5), run.mean("sampler/group_mean_var", 0.5)
+    return float(np.log10(max(mse, 1e-12) / var)) if var > 0 else float("nan")
+
+
+CLAIMS = (
+    protocol.Claim(
+        "SPO has no degenerate groups: fewer samples with zero advantage than GRPO at an equal sample budget",
+        source="arXiv 2509.13232 (SPO), sec. 1 and 3",
+        paper="frequent degenerate groups erase GRPO's learning signal; SPO's tracker baseline and batch-global "
+              "normalization give every sample a signal, eliminating computation wasted on degenerate groups",
+        halves=(protocol.Difference("share of trained samples with zero advantage", zero_share, "grpo", "spo"),)),
+    protocol.Claim(
+        "SPO's persistent value tracker estimates each prompt's success rate", source="arXiv 2509.13232 (SPO), sec. 3",
+        paper="a persistent, KL-adaptive value tracker gives a stable, low-variance baseline",
+        halves=(protocol.Level("log10 of the tracker's squared error against the true success rate over a G-sample "
+                               "group mean's variance, second half of the run", tracker_error, "spo", 0.0, above=False),)),
+    protocol.Claim(
+        "SPO attains higher accuracy than GRPO", source="arXiv 2509.13232 (SPO), abstract",
+        paper="+3.4 pp average maj@32 over GRPO on five hard math benchmarks (Qwen3-8B)",
+        halves=(protocol.Difference("held-out greedy accuracy, last 20%", final_accuracy, "spo", "grpo"),)),
+    *(protocol.Claim(
+        f"{name} learns more per sampled token than the uniform shuffle", source=source, paper=paper,
+        halves=(protocol.Difference("training reward per thousand tokens generated", reward_per_token, arm, "grpo"),
+                protocol.Difference("held-out accuracy gain per million tokens generated", gain_per_token, arm, "grpo")))
+      for arm, name, source, paper in (
+          ("vade", "VADE", "arXiv 2511.18902 (VADE)",
+           "Thompson sampling of a per-prompt Beta posterior toward informative prompts improves sample efficiency "
+           "and final accuracy over uniform sampling"),
+          ("gdro", "GDRO", "arXiv 2601.19280 (GDRO)",
+           "a bandit over difficulty bins and square-root rollout allocation improve accuracy over uniform sampling "
+           "at the same rollout budget"),
+          ("curriculum", "A difficulty-pool curriculum", "prime-rl difficulty pools (issue 41)",
+           "easy / normal / hard pools by recent success rate spend rollouts where groups learn"))),
+    *(protocol.Claim(
+        f"{name} reaches a set accuracy with fewer rollouts than GRPO", source=source, paper=paper,
+        halves=(protocol.Ratio(f"completions generated to reach the warm start's held-out accuracy + {TARGET_GAIN}, "
+                               "GRPO's over the arm's", rollouts_to_target, "grpo", arm, at_least=1.0),
+                protocol.Difference("held-out greedy accuracy, last 20%, no more than 0.02 below GRPO's",
+                                    final_accuracy, arm, "grpo", at_least=-0.02)))
+      for arm, name, source, paper in (
+          ("ar3po", "AR3PO", "arXiv 2509.25808 (AR3PO)",
+           "adaptive rollout and response reuse match GRPO's accuracy with up to 4.2x fewer rollouts"),
+          ("repo", "RePO", "arXiv 2506.09340 (RePO)",
+           "replaying earlier samples improves accuracy for a given number of generated rollouts"))),
+)
+
+
+def claims(results: study.Results) -> list[dict]:
+    return [protocol.judge(c, results, NULL) for c in CLAIMS]
+
+
+TABLE = {
+    "training reward, mean over the run": lambda r: r.mean("reward/mean"),
+    "held-out greedy accuracy, last 20% of the run": final_accuracy,
+    "held-out accuracy gain per million tokens": gain_per_token,
+    "training reward per thousand tokens": reward_per_token,
+    "samples with zero advantage (share)": zero_share,
+    "groups without variance (share)": lambda r: r.mean("groups/zero_variance_frac"),
+    "log10 tracker MSE / group-mean variance (spo)": tracker_error,
+    "completions to reach warm start + 0.1 (thousands)": lambda r: rollouts_to_target(r) / 1e3,
+    "completions generated (thousands)": lambda r: rollouts(r)[-1] / 1e3,
+    "completion tokens generated (thousands)": lambda r: tokens(r) / 1e3,
+    "collapsed (fraction of seeds)": protocol.collapsed,
+    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
+}
+
+
+def get_study(quick: bool) -> study.Study:
+    base = override(quickstart_config(), [
+        *TASK, "sampling.max_prompt_len=8", "sampling.max_new_tokens=4",
+        "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
+        f"train.steps={100 if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=1",
+        "train.eval_prompts=256", "train.eval_every=20", "train.checkpoint_every=100",
+    ])
+    return study.Study(
+        name="prompt_samplers",
+        arms={name: override(base, changes) for name, changes in ARMS.items()},
+        **study.sized(quick, RATES),
+        rate_from={arm: ("grpo", 1.0) for arm in FOLLOW_GRPO},
+        null_pair=NULL,
+        warm_start=WARM_START,
+        warm_start_seed=0,
+        table=TABLE,
+        plots=(
+            study.Plot("curves", ("reward/mean", "eval/accuracy_greedy", "advantage/zero_frac")),
+            study.Plot("tracker", ("sampler/baseline_sq_error", "sampler/group_mean_var"), arms=("spo",)),
+        ),
+    )
+
+
+if __name__ == "__main__":
+    study.main(get_study, claims)
