@@ -115,7 +115,6 @@ GRPO = ["algorithm.preset=grpo", "algorithm.beta=0"]
 ARMS = {"grpo": GRPO, "grpo_null": GRPO, **{p: [f"algorithm.preset={p}"] for p in
                                               ("vade", "curriculum", "gdro", "spo", "ar3po", "repo")}}
 FOLLOW_GRPO = ("vade", "curriculum", "gdro", "ar3po", "repo")
-SAMPLERS = ("vade", "curriculum", "gdro")
 TARGET_GAIN = 0.1  # AR3PO's and RePO's set accuracy: the warm start's held-out accuracy + this
 
 
@@ -124,9 +123,8 @@ def rollouts(run) -> np.ndarray:
     groups RePO trains on again (AR3PO's lent answers replace samples that were generated)."""
     cfg = run.config
     replays = cfg.algorithm.sampler.spec.replays and not cfg.algorithm.sampler.spec.reuse
-    rows = [r for r in run.rows if "groups/gen_rounds" in r or r["step"] == 0]
     fresh = [0.0] + [cfg.train.prompts_per_step * cfg.sampling.group_size * r["groups/gen_rounds"]
-                     - (r.get("replay/rows", 0.0) if replays else 0.0) for r in rows if r["step"] > 0]
+                     - (r.get("replay/rows", 0.0) if replays else 0.0) for r in run.rows if "groups/gen_rounds" in r]
     return np.cumsum(fresh)
 
 
@@ -184,12 +182,12 @@ def tracker_error(run) -> float:
 CLAIMS = (
     protocol.Claim(
         "SPO has no degenerate groups: fewer samples with zero advantage than GRPO at an equal sample budget",
-        source="arXiv 2509.13232 (SPO), sec. 1 and 3",
+        source="arXiv 2509.13232 (SPO), abstract",
         paper="frequent degenerate groups erase GRPO's learning signal; SPO's tracker baseline and batch-global "
               "normalization give every sample a signal, eliminating computation wasted on degenerate groups",
         halves=(protocol.Difference("share of trained samples with zero advantage", zero_share, "grpo", "spo"),)),
     protocol.Claim(
-        "SPO's persistent value tracker estimates each prompt's success rate", source="arXiv 2509.13232 (SPO), sec. 3",
+        "SPO's persistent value tracker estimates each prompt's success rate", source="arXiv 2509.13232 (SPO), abstract",
         paper="a persistent, KL-adaptive value tracker gives a stable, low-variance baseline",
         halves=(protocol.Level("log10 of the tracker's squared error against the true success rate over a G-sample "
                                "group mean's variance, second half of the run", tracker_error, "spo", 0.0, above=False),)),
@@ -203,8 +201,8 @@ CLAIMS = (
                 protocol.Difference("held-out accuracy gain per million tokens generated", gain_per_token, arm, "grpo")))
       for arm, name, source, paper in (
           ("vade", "VADE", "arXiv 2511.18902 (VADE)",
-           "Thompson sampling of a per-prompt Beta posterior toward informative prompts improves sample efficiency "
-           "and final accuracy over uniform sampling"),
+           "Thompson sampling of a per-prompt Beta posterior toward prompts of high reward variance makes better "
+           "use of rollouts than uniform sampling"),
           ("gdro", "GDRO", "arXiv 2601.19280 (GDRO)",
            "a bandit over difficulty bins and square-root rollout allocation improve accuracy over uniform sampling "
            "at the same rollout budget"),
@@ -218,9 +216,11 @@ CLAIMS = (
                                     final_accuracy, arm, "grpo", at_least=-0.02)))
       for arm, name, source, paper in (
           ("ar3po", "AR3PO", "arXiv 2509.25808 (AR3PO)",
-           "adaptive rollout and response reuse match GRPO's accuracy with up to 4.2x fewer rollouts"),
+           "adaptive rollout and response reuse outperform GRPO and match or surpass DAPO, with rollout cost "
+           "up to 4.2x lower (than DAPO's)"),
           ("repo", "RePO", "arXiv 2506.09340 (RePO)",
-           "replaying earlier samples improves accuracy for a given number of generated rollouts"))),
+           "off-policy samples replayed beside on-policy ones: +4.1 points over GRPO (Qwen3-1.7B) at 15% more "
+           "compute, 48% more effective optimization steps"))),
 )
 
 
