@@ -19,7 +19,7 @@ thing off-policy. Constant learning rate, no KL.
 
 Arms, on the same warm start, data and sampling keys per seed:
 - grpo_kK for K in STALENESS: token ratios clipped to [0.8, 1.2];
-- gspo_kMAX: sequence ratios (length-normalized) clipped to [1 - 3e-4, 1 + 4e-4];
+- gspo_kK for K in STALENESS but 0: sequence ratios (length-normalized) clipped to [1 - 3e-4, 1 + 4e-4];
 - gspo_token_k0: the null control, on its own rollouts (protocol).
 grpo_k0 is GSPO's k = 0 run too: with one on-policy update the ratio is 1, no clipping acts, and both
 gradients are A_i times the mean over the completion's tokens of grad log pi (the pilot's grpo and gspo
@@ -29,23 +29,21 @@ would be grpo_k0 again; and at k = 0 GSPO-token's is that gradient as well, so t
 other arm takes its rate (`rate_from`): staleness changes which params sampled, not the objective, and
 each stale arm is the on-policy run made stale.
 
-Cut for the budget (a full study in about two hours on 2 cores): GSPO at k = 1, 2, 4 (the claim
-compares the families at the largest k) and the rollout corrections (token TIS, sequence mask). Those
-are cut for a reason, not only cost: they weigh l^old - l^samp, and l^old is taken under the very params
-that sampled, so at any k they see the sampler/trainer numerics only. Measured in the pilot at k = 8:
-mean |l^old - l^samp| 6e-7 (max 2e-5), token TIS's mean weight 1 - 3e-9, and its run's reward and
-held-out accuracies those of the uncorrected run: an arm with a correction is the uncorrected arm to
-float rounding, a comparison that cannot fail for the right reason. A correction that carries the
-staleness needs a decoupled objective (l^old under the trainer's params of the step, the weight
-pi_old / pi_sampler): not built.
+Cut: the rollout corrections (token TIS, sequence mask), for a reason, not for cost: they weigh
+l^old - l^samp, and l^old is taken under the very params that sampled, so at any k they see the
+sampler/trainer numerics only. Measured in a pilot at k = 8 (seed 0, 40 steps): mean |l^old - l^samp|
+6e-7 (max 2e-5), token TIS's mean weight 1 - 3e-9, and the run's reward and held-out accuracies those of
+the uncorrected run; the table logs the same 6e-7 for every arm. An arm with a correction is the
+uncorrected arm to float rounding, a comparison that cannot fail for the right reason. A correction
+that carries the staleness needs a decoupled objective (l^old under the trainer's params of the step,
+the weight pi_old / pi_sampler): not built.
 
-Measured, not guessed (pilot: seed 0, 40 steps per arm, 2 cores shared with another study, load 5.5):
-a step takes 0.17 s at k = 0 and 0.18-0.24 s at k = 8 (the l^old forward; sampling ahead overlaps
-little on 2 cores), a run adds about 20 s (start-up, compilation of its loss, evaluations), the warm
-start 100 s (350 steps). Full study: 6 selection runs (3 rates x 2 seeds) + 7 arms x 8 seeds = 62 runs
-of STEPS = 240 steps, about 62 x 70 s + 100 s, 75 minutes (more under load); run it with --resume.
---quick: 2 seeds of 60 steps at QUICK_RATE, no selection (not the full protocol): 14 runs, about 8
-minutes with the warm start.
+Measured, not guessed (--quick: 2 cores shared with another study's run, load 5.8 to 8.2): a step takes
+0.16-0.22 s at every k (k > 0 adds the l^old forward; sampling ahead overlaps little on 2 cores), a
+60-step run 16 s in all (start-up and evaluations included), the warm start 104 s (350 steps). Full
+study: 6 selection runs (3 rates x 2 seeds) + 10 arms x 8 seeds = 86 runs of STEPS = 240 steps, about
+86 x (5 + 240 x 0.19) s + 104 s = 75 minutes (more under load); run it with --resume. --quick: 2 seeds
+of 60 steps at QUICK_RATE, no selection (not the full protocol): 20 runs, about 7 minutes.
 """
 
 from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
@@ -64,7 +62,8 @@ MAX = STALENESS[-1]
 NULL = ("grpo_k0", "gspo_token_k0")
 FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "gspo": ["algorithm.preset=gspo"],
             "gspo_token": ["algorithm.preset=gspo_token"]}
-ARMS = {**{f"grpo_k{k}": ("grpo", k) for k in STALENESS}, f"gspo_k{MAX}": ("gspo", MAX), "gspo_token_k0": ("gspo_token", 0)}
+ARMS = {**{f"grpo_k{k}": ("grpo", k) for k in STALENESS}, **{f"gspo_k{k}": ("gspo", k) for k in STALENESS[1:]},
+        "gspo_token_k0": ("gspo_token", 0)}
 WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
 RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 # Non-inferiority margin in training reward (mean over the run), declared before any run: the pilot's

@@ -365,13 +365,13 @@ def test_moe_routing(tmp_path):
 
 
 def test_staleness(tmp_path):
-    # GRPO at every k, GSPO at the largest (its k = 0 run is GRPO's: one on-policy update, ratio 1), the null pair
+    # GRPO and GSPO at every k (GSPO's k = 0 run is GRPO's: one on-policy update, ratio 1), the null pair
     # at k = 0; the rate chosen once, on grpo_k0, and followed by every other arm; one on-policy update per rollout
     # batch, so staleness is all that is off-policy.
     full = staleness.get_study(quick=False)
     arms = {a: (c.algorithm.loss.name, c.train.max_staleness) for a, c in full.arms.items()}
-    assert arms == {**{f"grpo_k{k}": ("ppo_clip", k) for k in (0, 1, 2, 4, 8)}, "gspo_k8": ("gspo", 8),
-                    "gspo_token_k0": ("gspo_token", 0)}
+    assert arms == {**{f"grpo_k{k}": ("ppo_clip", k) for k in (0, 1, 2, 4, 8)},
+                    **{f"gspo_k{k}": ("gspo", k) for k in (1, 2, 4, 8)}, "gspo_token_k0": ("gspo_token", 0)}
     assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(1, 1, 0.0)}
     assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo_k0", "gspo_token_k0")
     assert list(study.trials(full)) == [f"grpo_k0@{lr:g}" for lr in full.learning_rates]
