@@ -53,7 +53,7 @@ from configs.quickstart import get_config as quickstart_config  # experiments/co
 
 from grpo_jax import data
 from grpo_jax.config import override
-from grpo_jax.data.tasks import SPLITS, SYNTHETIC_SIZE, TaskConfig, _check_split, _draw
+from grpo_jax.data.tasks import Arithmetic, ArithmeticConfig
 
 import protocol
 import study
@@ -62,53 +62,22 @@ from warm_start import WarmStart
 POOL = 512  # training prompts per seed: 32 a step see each about every 16 steps (19 times in a full run)
 
 
-@data.register("arithmetic_digits")
+@data.register("arithmetic_pool")
 @dataclasses.dataclass(frozen=True)
-class DigitsConfig(TaskConfig):
-    """Two operands of 1 to `max_digits` digits (each operand's count uniform, so that short and long
-    problems are equally common) joined by one of `operators`, answer only; the training split is a pool
-    of `pool` examples per seed (0: unbounded), the held-out split the whole problem space."""
+class PoolConfig(ArithmeticConfig):
+    """Arithmetic whose training split is a pool of its first `pool` examples (those of the unbounded
+    task), so that a sampler's per-prompt state sees each prompt again; the held-out split is the task's."""
 
-    max_digits: int = 2
-    operators: str = "+-"
-    pool: int = 0
-    held_out_fraction: float = 0.1
-    generated = True
-
-    def __post_init__(self):
-        if self.max_digits < 1 or self.pool < 0 or not self.operators or set(self.operators) - set("+-"):
-            raise ValueError(f"{self}: max_digits >= 1, pool >= 0 and operators a non-empty subset of '+-'")
+    pool: int = 512
 
     def sources(self, seed):
-        return tuple(Digits(self, split, self.pool if split == "train" and self.pool else SYNTHETIC_SIZE, seed)
-                     for split in SPLITS)
+        return Arithmetic(self, "train", self.pool, seed), super().sources(seed)[1]
 
 
-class Digits:
-    """`size` examples of one split; example i is fixed by (config, split, seed, i), as arithmetic's."""
-
-    def __init__(self, config: DigitsConfig, split: str, size: int, seed: int):
-        _check_split(split, config.held_out_fraction, "DigitsConfig")
-        self.config, self.split, self.size, self.seed = config, split, size, seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _make(self, rng: np.random.Generator) -> dict:
-        digits = rng.integers(1, self.config.max_digits + 1, 2)
-        a, b = (int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d)) for d in digits)
-        op = str(rng.choice(list(self.config.operators)))
-        return {"prompt": f"{a}{op}{b}=", "answer": str(a + b if op == "+" else a - b)}
-
-    def __getitem__(self, index: int) -> dict:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        return _draw(self._make, self.split, self.config.held_out_fraction, self.seed, index)
-
-
-TASK = ["task=arithmetic_digits", "task.max_digits=2", f"task.pool={POOL}"]  # as WARM_START's, pooled
-# On the whole problem space (not the pool, which it would memorize) to a fifth of the held-out problems.
-WARM_START = WarmStart(accuracy=0.2, task=DigitsConfig(max_digits=2))
+# The quickstart's operands 0 to 19 ("+-"): single digits are easy, teens with a borrow or a carry hard.
+TASK = ArithmeticConfig(max_value=19)
+# On the whole task, not the pool (which it would memorize), to a fifth of the held-out problems.
+WARM_START = WarmStart(accuracy=0.2, task=TASK)
 RATES, QUICK_RATE, STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 300
 NULL = ("grpo", "grpo_null")
 GRPO = ["algorithm.preset=grpo", "algorithm.beta=0"]
@@ -156,14 +125,16 @@ def gain_per_token(run) -> float:
 
 
 def rollouts_to_target(run) -> float:
-    """Completions generated until held-out greedy accuracy first reaches the warm start's + TARGET_GAIN; a
-    run that never does counts as its whole run's rollouts plus one evaluation interval's (a lower bound)."""
+    """Completions generated until held-out greedy accuracy first reaches the warm start's + TARGET_GAIN. A
+    run that never does counts as one cap for every arm: a uniform run's completions over train.steps plus
+    one evaluation interval, so two runs that both miss tie (a run's own total would let the arm that
+    generates less per step win without reaching the target)."""
     steps, acc = run.series("eval/accuracy_greedy", "step")
-    cum = rollouts(run)
     hit = np.flatnonzero((steps > 0) & (acc >= warm_accuracy(run) + TARGET_GAIN))
     if hit.size:
-        return float(cum[int(steps[hit[0]])])
-    return float(cum[-1] * (1 + run.config.train.eval_every / (len(cum) - 1)))
+        return float(rollouts(run)[int(steps[hit[0]])])
+    tr = run.config.train
+    return float(tr.prompts_per_step * run.config.sampling.group_size * (tr.steps + tr.eval_every))
 
 
 def zero_share(run) -> float:
@@ -246,11 +217,11 @@ TABLE = {
 
 def get_study(quick: bool) -> study.Study:
     base = override(quickstart_config(), [
-        *TASK, "sampling.max_prompt_len=8", "sampling.max_new_tokens=4",
         "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
         f"train.steps={100 if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=1",
         "train.eval_prompts=256", "train.eval_every=20", "train.checkpoint_every=100",
     ])
+    base = dataclasses.replace(base, task=PoolConfig(**dataclasses.asdict(TASK), pool=POOL))
     return study.Study(
         name="prompt_samplers",
         arms={name: override(base, changes) for name, changes in ARMS.items()},
