@@ -5,13 +5,14 @@ curriculum per sampled token, AR3PO's and RePO's rollouts to a set accuracy.
     python experiments/prompt_samplers.py [--quick] [--resume] [--rejudge]
 
 The task has a real mix of difficulties and a finite pool, so that per-prompt state sees each prompt
-again: two-operand "+-" arithmetic whose operands have 1 or 2 digits (each operand's digit count
-uniform, TASK), answer-only (2 to 4 tokens), from a pool of POOL training prompts per seed (held-out
-problems from the whole space). The quickstart's 2-layer char-level model is warm-started once (seed 0,
-shared by every run: `Study.warm_start_seed`) on the whole problem space (the pool it would memorize)
-to WARM_START's held-out accuracy; after it about half of GRPO's groups are all right or all wrong
-(measured, 20 steps): per-prompt success rates span 0 to 1. 32 prompts x 8 samples a step, one
-on-policy update per rollout batch, no KL.
+again: the quickstart's two-operand "+-" arithmetic on 0 to 19 (TASK: single digits easy, teens with a
+carry or a negative result hard), answer-only (2 to 4 tokens), from a pool of its first POOL training
+prompts per seed (PoolConfig; held-out problems from the whole task). Operands of 1 or 2 digits up to
+99 were tried first: after the same warm start RL lowered held-out accuracy at every rate (seed 100,
+300 steps: 0.21 to about 0.12 at 1e-3, 0.03 at 2e-3; flat at 5e-4 over 100 steps). The quickstart's
+2-layer char-level model is warm-started once (seed 0, shared by every run: `Study.warm_start_seed`) on
+the whole task (the pool it would memorize) to WARM_START's held-out accuracy. 32 prompts x 8 samples a
+step, one on-policy update per rollout batch, no KL.
 
 Arms, on the same warm start, data and seeds (each a preset of docs/presets.md, beta 0):
 - grpo: the uniform shuffle (preset grpo, beta 0), the reference of every comparison;
@@ -28,22 +29,21 @@ The trainer logs what the claims read: advantage/zero_frac (trained samples whos
 for a sampler with a baseline sampler/baseline_sq_error (its squared error against each prompt's true
 success rate, unbiased) beside sampler/group_mean_var (the variance of the round's own group mean).
 Costs count the completions generated (`rollouts`: RePO's replayed groups are not generated again) and
-their tokens.
+their tokens. A sampler's training reward is on the prompts it chose (VADE's and the curriculum's lie
+nearer 0.5 by design), so the held-out half of its claim is the one about learning.
 
 Learning rates: grpo and spo choose theirs among RATES on the selection seeds (protocol); the others
 take grpo's (`rate_from`): a sampler changes which samples an update sees, not the update, and a rate
 chosen per sampler would cost 15 runs more, a quarter of the budget. (RePO's and AR3PO's replayed
 samples are off-policy, weighed by token TIS: the same loss.)
 
-Per step (32 x 8 samples and the update; measured on this 2-core machine at load average 5-6, shared
-with other jobs, seed 0, 20 steps after the warm start): uniform, VADE, curriculum, GDRO, SPO 0.15 to
-0.18 s, RePO 0.26 s, AR3PO 0.38 s (its store and lent answers); a run of 20 steps with 3 evaluations of
-256 prompts took 5 to 10 s (AR3PO 27 s, compiling its own programs). The warm start took 525 steps
-(about 2.5 minutes). So a run of STEPS = 300 steps (evaluated every 20) takes about 1 minute (RePO 1.5,
-AR3PO 2.3): the full study, 12 selection runs + 8 arms x 8 seeds = 76 runs and one warm start, about
-90 minutes. Cut for it: ERPO (no claim of the issue), a rate chosen per sampler, per-seed warm starts.
---quick: 2 seeds of 100 steps, every arm at QUICK_RATE (no selection: not under the full protocol),
-about 10 minutes.
+Measured in --quick (commit ef2ebf7, 2 cores shared with another study, load average 7 to 10): runs
+of 100 steps with 6 evaluations of 256 prompts took 14 to 22 s (SPO and AR3PO the slowest: the drift
+forward, the store), about 0.18 s a step; the warm start 275 steps, 58 s; the whole quick study 373 s.
+So a run of STEPS = 400 steps takes about 75 s, and the full study, 12 selection runs + 8 arms x 8
+seeds = 76 runs and one warm start, about 95 minutes. Cut for it: ERPO (no claim of the issue), a rate
+chosen per sampler, per-seed warm starts. --quick: 2 seeds of 100 steps, every arm at QUICK_RATE (no
+selection: not under the full protocol).
 """
 
 import dataclasses
@@ -59,7 +59,7 @@ import protocol
 import study
 from warm_start import WarmStart
 
-POOL = 512  # training prompts per seed: 32 a step see each about every 16 steps (19 times in a full run)
+POOL = 512  # training prompts per seed: 32 a step see each about every 16 steps (25 times in a full run)
 
 
 @data.register("arithmetic_pool")
@@ -78,7 +78,7 @@ class PoolConfig(ArithmeticConfig):
 TASK = ArithmeticConfig(max_value=19)
 # On the whole task, not the pool (which it would memorize), to a fifth of the held-out problems.
 WARM_START = WarmStart(accuracy=0.2, task=TASK)
-RATES, QUICK_RATE, STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 300
+RATES, QUICK_RATE, STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 400
 NULL = ("grpo", "grpo_null")
 GRPO = ["algorithm.preset=grpo", "algorithm.beta=0"]
 ARMS = {"grpo": GRPO, "grpo_null": GRPO, **{p: [f"algorithm.preset={p}"] for p in

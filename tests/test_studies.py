@@ -463,7 +463,7 @@ def test_warm_start_batches_are_as_wide_as_their_longest_rows():
 
 def test_prompt_samplers(tmp_path):
     # Each sampler's preset against the uniform shuffle (GRPO, beta 0) and its null copy; grpo and spo choose
-    # their rates, the samplers take grpo's; one warm start; a pool of prompts of 1- and 2-digit operands.
+    # their rates, the samplers take grpo's; one warm start, on the whole task; a pool of its first prompts.
     full = prompt_samplers.get_study(quick=False)
     arms = full.arms
     assert list(arms) == ["grpo", "grpo_null", "vade", "curriculum", "gdro", "spo", "ar3po", "repo"]
@@ -472,12 +472,12 @@ def test_prompt_samplers(tmp_path):
     assert {c.algorithm.beta for c in arms.values()} == {0.0} and arms["grpo"] == arms["grpo_null"]
     assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo", "grpo_null")
     assert list(study.trials(full)) == [f"{a}@{lr:g}" for a in ("grpo", "spo") for lr in full.learning_rates]
-    train = arms["grpo"].task.sources(0)[0]
-    assert len(train) == prompt_samplers.POOL
+    train, whole = arms["grpo"].task.sources(0)[0], prompt_samplers.TASK.sources(0)[0]
     problems = [train[i] for i in range(len(train))]
+    assert len(problems) == prompt_samplers.POOL and problems == [whole[i] for i in range(len(problems))]
     parsed = [re.fullmatch(r"(\d+)([+-])(\d+)=", p["prompt"]).groups() for p in problems]
     assert {(len(a), len(b)) for a, _, b in parsed} == {(1, 1), (1, 2), (2, 1), (2, 2)}  # easy to hard
-    assert [str(int(a) + int(b) if op == "+" else int(a) - int(b)) for a, op, b in parsed] == [p["answer"] for p in problems]
+    assert full.warm_start.task == prompt_samplers.TASK
 
     s, summary = run_tiny(prompt_samplers, tmp_path)
     check_outputs(s, summary, tmp_path, prompt_samplers.claims)
@@ -511,4 +511,5 @@ def test_prompt_samplers_rollouts_and_targets():
     assert prompt_samplers.rollouts_to_target(ar3po) == 10 * per_step  # warm start 0.2 + 0.1, reached at step 10
     flat = study.Run("ar3po", 0, cfgs["ar3po"], [{**r, "eval/accuracy_greedy": 0.2} if "eval/accuracy_greedy" in r
                                                   else r for r in rows])
-    assert prompt_samplers.rollouts_to_target(flat) == 60 * per_step  # never: its 40 steps and an interval (20) more
+    # never: the cap, a uniform run's 100 steps and an interval (20) more, whatever the arm generated
+    assert prompt_samplers.rollouts_to_target(flat) == 120 * per_step
