@@ -5,13 +5,14 @@ curriculum per sampled token, AR3PO's and RePO's rollouts to a set accuracy.
     python experiments/prompt_samplers.py [--quick] [--resume] [--rejudge]
 
 The task has a real mix of difficulties and a finite pool, so that per-prompt state sees each prompt
-again: the quickstart's two-operand "+-" arithmetic on 0 to 19 (TASK: single digits easy, teens with a
-carry or a negative result hard), answer-only (2 to 4 tokens), from a pool of its first POOL training
-prompts per seed (PoolConfig; held-out problems from the whole task). Operands of 1 or 2 digits up to
+again: the quickstart's two-operand "+-" arithmetic on 0 to 19 (TASK: single digits and teens, results
+-19 to 38), answer-only (2 to 4 tokens), from a pool of its first POOL training prompts per seed
+(PoolConfig; held-out problems from the whole task); in --quick about a fifth of GRPO's groups were all
+right or all wrong. Operands of 1 or 2 digits up to
 99 were tried first: after the same warm start RL lowered held-out accuracy at every rate (seed 100,
 300 steps: 0.21 to about 0.12 at 1e-3, 0.03 at 2e-3; flat at 5e-4 over 100 steps). The quickstart's
 2-layer char-level model is warm-started once (seed 0, shared by every run: `Study.warm_start_seed`) on
-the whole task (the pool it would memorize) to WARM_START's held-out accuracy. 32 prompts x 8 samples a
+the whole task (not the pool, which it would memorize) to WARM_START's held-out accuracy. 32 prompts x 8 samples a
 step, one on-policy update per rollout batch, no KL.
 
 Arms, on the same warm start, data and seeds (each a preset of docs/presets.md, beta 0):
@@ -30,7 +31,9 @@ for a sampler with a baseline sampler/baseline_sq_error (its squared error again
 success rate, unbiased) beside sampler/group_mean_var (the variance of the round's own group mean).
 Costs count the completions generated (`rollouts`: RePO's replayed groups are not generated again) and
 their tokens. A sampler's training reward is on the prompts it chose (VADE's and the curriculum's lie
-nearer 0.5 by design), so the held-out half of its claim is the one about learning.
+nearer 0.5 by design), so the held-out half of its claim is the one about learning. SPO's own
+zero-advantage share is 0 by design (but for a batch of equal rewards): its half fails when GRPO's
+degenerate groups are rare, the paper's premise.
 
 Learning rates: grpo and spo choose theirs among RATES on the selection seeds (protocol); the others
 take grpo's (`rate_from`): a sampler changes which samples an update sees, not the update, and a rate
