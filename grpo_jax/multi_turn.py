@@ -19,6 +19,9 @@ policy's tokens only (so observations leave the loss, the ratio, KL, entropy and
 it. Row p*G + g draws token t of its continuation from the key of (rng, p, g, t), as `sampling` does:
 a rerun from the same params and rng is the same trajectory.
 
+Over several processes each process decodes, steps and tokenizes its own rows (`sharding.process_rows`);
+the turns run in step, until no process has a row left.
+
 `extend` attends over the row's whole cache each token (a dense cache, not the slot blocks of
 `sampling`): what multi-turn tool use needs at the scale of the tests and the study.
 """
@@ -30,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from jaxtyping import Array, Bool, Float, Int, Key
+from jaxtyping import Array, Bool, Float, Int, Key, UInt32
 
 from grpo_jax import envs, models, sampling, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
@@ -120,11 +123,12 @@ def _feed(cfg: ModelConfig, params, cache: dict, tokens: Int[Array, "rows time"]
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 def turn(
     cfg: ModelConfig, sampling_cfg: SamplingConfig, stop: tuple[int, ...], mesh: Mesh | None, params, cache: dict,
-    chunk: Int[Array, "rows time"], count: Int[Array, "rows"], keys: Key[Array, "rows"], used: Int[Array, "rows"],
-    room: Int[Array, "rows"],
+    chunk: Int[Array, "rows time"], count: Int[Array, "rows"], keys: UInt32[Array, "rows key"],
+    used: Int[Array, "rows"], room: Int[Array, "rows"],
 ) -> tuple[Int[Array, "rows new"], Float[Array, "rows new"], Int[Array, "rows"], dict]:
     """One turn of every row with count[b] > 0: encode its `chunk`, then draw tokens (token i of the
-    continuation from fold_in(keys[b], used[b] + i)) until a stop id or room[b] tokens. Returns the
+    continuation from fold_in(row b's key, used[b] + i); `keys`: the row keys' data) until a stop id or
+    room[b] tokens. Returns the
     turn's tokens, their log-probs (tempered full distribution, as `sampling.sample`), how many, and
     the cache, which holds every token but each row's last one."""
     with sharding.activation_rules(mesh):
@@ -135,7 +139,8 @@ def turn(
                    n=jnp.zeros(rows, jnp.int32))
 
         def draw(logits, live, out):
-            token, logprob = sampling.sample(logits, jax.vmap(jax.random.fold_in)(keys, used + out["n"]), sampling_cfg)
+            step_keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(keys), used + out["n"])
+            token, logprob = sampling.sample(logits, step_keys, sampling_cfg)
             at = jnp.where(live, out["n"], new)  # rows not live write nothing
             out = dict(tokens=out["tokens"].at[jnp.arange(rows), at].set(token, mode="drop"),
                        logprobs=out["logprobs"].at[jnp.arange(rows), at].set(logprob, mode="drop"),
@@ -149,6 +154,8 @@ def turn(
 
         loop = (*draw(logits, count > 0, out), cache)
         _, _, out, cache = jax.lax.while_loop(lambda loop: jnp.any(loop[1]), body, loop)
+        if mesh is not None:  # split by rows like the inputs: each process reads its own (`sharding.local_rows`)
+            out = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, sharding.batch_sharding(mesh, a.ndim)), out)
         return out["tokens"], out["logprobs"], out["n"], cache
 
 
@@ -173,21 +180,23 @@ def rollout(
     row_prompts: sampling.Prompts, examples: list[dict], rng: Key[Array, ""],
 ) -> tuple[sampling.Rollout, list[Turns]]:
     """Trajectories of `row_prompts` (one left-padded prompt per row, row p*G + g sample g of prompt
-    p, as `sampling.rollout_rows`; `examples[b]` row b's example, which `env.step` sees): the Rollout
-    (see the module docstring) and each row's `Turns`. One process (the host reads every row)."""
+    p, as `sampling.rollout_rows`; global arrays on a mesh): the Rollout (see the module docstring) and
+    the `Turns` of this process's rows (`sharding.process_rows`; every row without a mesh), whose
+    examples `examples` are, in order: each process steps the environments of its own rows."""
     if row_prompts.temperatures is not None:
         raise ValueError("a multi-turn rollout samples at sampling.temperature: use a prompt sampler without "
                          "temperatures (algorithm.sampler)")
-    sampling.check_prompts(cfg, row_prompts, sampling_cfg)
     stop = stop_ids(cfg, sampling_cfg, env, tokenizer)
     budget, g = sampling_cfg.max_new_tokens, sampling_cfg.group_size
-    prompts, lengths = np.asarray(row_prompts.tokens), np.asarray(row_prompts.lengths)
-    rows, width = prompts.shape
-    put = (lambda x: x) if mesh is None else lambda x: jax.device_put(x, sharding.batch_sharding(mesh, np.ndim(x)))
-    keys = put(sampling.row_keys(rng, rows // g, g))
-    cache = _init_cache(cfg, rows, width + budget)
-    if mesh is not None:
-        cache = jax.device_put(cache, _cache_shardings(mesh))
+    n, width = row_prompts.tokens.shape
+    mine = np.arange(n) if mesh is None else sharding.process_rows(mesh, n)
+    put, read = (lambda tree: jax.tree.map(jnp.asarray, tree), np.asarray) if mesh is None else (
+        lambda tree: sharding.global_batch(tree, mesh, n), lambda x: sharding.local_rows(x, mine))
+    prompts, lengths = read(row_prompts.tokens), read(row_prompts.lengths)
+    keys = put(np.asarray(jax.random.key_data(sampling.row_keys(rng, n // g, g)))[mine])
+    cache = jax.jit(functools.partial(_init_cache, cfg, n, width + budget),
+                    out_shardings=None if mesh is None else _cache_shardings(mesh))()
+    rows = len(mine)
     chunk = np.zeros((rows, width), np.int32)  # right-aligned: a turn's new tokens come first
     for b in range(rows):
         chunk[b, : lengths[b]] = prompts[b, width - lengths[b]:]
@@ -197,12 +206,15 @@ def rollout(
     turns = [Turns() for _ in range(rows)]
     obs_width = 1 + env.max_observation_tokens
     for t in range(env.max_turns):
-        out, lps, n, cache = turn(cfg, sampling_cfg, stop, mesh, params, cache, put(chunk), put(count), keys,
-                                  put(used), put(budget - used))
-        out, lps, n = np.asarray(out), np.asarray(lps), np.asarray(n)
+        live = put(count)
+        if not bool(jnp.any(live > 0)):  # every process's rows have ended
+            break
+        out, lps, n_new, cache = turn(cfg, sampling_cfg, stop, mesh, params, cache, put(chunk), live, keys,
+                                      put(used), put(budget - used))
+        out, lps, n_new = read(out), read(lps), read(n_new)
         chunk, nxt = np.zeros((rows, obs_width), np.int32), np.zeros(rows, np.int32)
         for b in np.flatnonzero(count):
-            k, u = int(n[b]), int(used[b])
+            k, u = int(n_new[b]), int(used[b])
             tokens[b, u: u + k], mask[b, u: u + k], logprobs[b, u: u + k] = out[b, :k], True, lps[b, :k]
             used[b] += k
             last = bool(t == env.max_turns - 1 or used[b] == budget)
@@ -218,7 +230,4 @@ def rollout(
             used[b] += len(obs)
             chunk[b, : 1 + len(obs)], nxt[b] = [out[b, k - 1], *obs], 1 + len(obs)
         count = nxt
-        if not count.any():
-            break
-    out = sampling.Rollout(tokens, mask, logprobs, used, truncated)
-    return jax.tree.map(put, out) if mesh is not None else jax.tree.map(jnp.asarray, out), turns
+    return put(sampling.Rollout(tokens, mask, logprobs, used, truncated)), turns

@@ -49,7 +49,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import algorithms, checkpoint, data, evaluate, lora, models, multi_turn, packing, rewards, sampling, sharding
+from grpo_jax import (
+    algorithms, checkpoint, data, distributed, evaluate, lora, models, multi_turn, packing, rewards, sampling, sharding,
+)
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import train_step as ts
 from grpo_jax.config import Config, ModelOptions, check_routing_replay, flatten
@@ -324,9 +326,6 @@ class Trainer:
             check_params(cfg.model, params)
         self.cfg = cfg
         if cfg.env is not None:  # env.call_end checked against the tokenizer before anything compiles
-            if jax.process_count() > 1:
-                raise ValueError("Config.env: multi-turn rollouts step every row's environment on one host; run one "
-                                 "process (of any number of devices)")
             multi_turn.stop_ids(cfg.model, cfg.sampling, cfg.env, self.task.tokenizer)
         tr, alg = cfg.train, cfg.algorithm
         self.rows = tr.prompts_per_step * cfg.sampling.group_size
@@ -460,14 +459,15 @@ class Trainer:
         of_row = np.searchsorted(prompt_ids, rows // g)  # row -> its prompt among this process's
         row_prompts = sharding.global_batch(jax.tree.map(lambda x: np.asarray(x)[of_row], prompts), self.gen_mesh, n)
         t0 = time.perf_counter()
-        row_examples, turns, credit = [mine[i] for i in of_row], None, {}
+        row_examples, credit = [mine[i] for i in of_row], {}
         if self.cfg.env is None:
             rollout = self._generate(sampling_cfg, stop_ids, row_prompts, rng)
         else:  # the trajectory's return is the reward "env"
             rollout, turns = multi_turn.rollout(self.cfg.model, sampling_cfg, self.cfg.env, self.task.tokenizer,
                                                 self.gen_mesh, self.sampler_params, row_prompts, row_examples, rng)
             row_examples = [{**e, "env_return": t.total} for e, t in zip(row_examples, turns)]
-            credit = multi_turn.turn_table(turns, self.cfg.env.max_turns, np.asarray(rollout.mask))
+            credit = multi_turn.turn_table(turns, self.cfg.env.max_turns, sharding.local_rows(rollout.mask, rows))
+            credit = sharding.gather(sharding.global_batch(credit, self.gen_mesh, n))  # every process's rows
         tokens, lengths = (sharding.local_rows(x, rows) for x in jax.block_until_ready((rollout.tokens, rollout.lengths)))
         generate_s = time.perf_counter() - t0
         completions = [self.task.tokenizer.decode(t[:k]) for t, k in zip(tokens, lengths)]
@@ -487,7 +487,7 @@ class Trainer:
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
             rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, counted=counted,
-            metrics=metrics, generate_s=generate_s, turns=turns, **credit, sources=None if names is None else np.repeat(names, g),
+            metrics=metrics, generate_s=generate_s, **credit, sources=None if names is None else np.repeat(names, g),
             correct=scores[:, correct[0]] >= 1.0 if correct else None,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
@@ -761,10 +761,9 @@ class Trainer:
                     m[f"completion/length_{name}"] = float(lengths[rows].mean())
         for s in drawn[:1]:
             m.update({k: v for k, v in s["metrics"].items() if k.startswith("reward/")})
-        if drawn[0].get("turns") is not None:  # Config.env: how the trajectories used their turns
-            turns = [t for s in drawn for t in s["turns"]]
-            m["env/turns_mean"] = float(np.mean([len(t.completions) for t in turns]))
-            m["env/tool_call_rate"] = float(np.mean([bool(t.observations) for t in turns]))
+        if "turn_mask" in drawn[0]:  # Config.env: how the trajectories used their turns (a second turn follows a tool's answer)
+            turns = np.concatenate([s["turn_mask"] for s in drawn]).sum(1)
+            m["env/turns_mean"], m["env/tool_call_rate"] = float(turns.mean()), float((turns > 1).mean())
         if drawn[0].get("sources") is not None:  # a mixture: each part's rows (data.hf)
             names = np.concatenate([s["sources"] for s in drawn])
             for name in np.unique(names):
@@ -915,23 +914,27 @@ class Trainer:
 
     def _evaluate_trajectories(self) -> tuple[dict, list[dict]]:
         """With an environment: one greedy trajectory per held-out example (the set padded with copies of
-        its first example to a multiple of the sampler's batch devices, the copies counted nowhere).
-        eval/accuracy_greedy: the share whose final reward is >= 1 (solved, for the tool environments);
-        eval/return_mean; eval/tool_call_rate: the share with an observation."""
+        its first example to a multiple of the sampler's batch devices, the copies counted nowhere; each
+        process runs its rows, and the records are gathered). eval/accuracy_greedy: the share whose final
+        reward is >= 1 (solved, for the tool environments); eval/return_mean; eval/tool_call_rate: the
+        share with an observation."""
         examples = list(self.task.held_out)
         rows = examples + examples[:1] * (-len(examples) % self.gen_shards)
-        scfg = dataclasses.replace(self.cfg.sampling, group_size=1, greedy=True)
-        _, prompts = self._prompts(rows)
+        mine = sharding.process_rows(self.gen_mesh, len(rows))
+        _, prompts = self._prompts([rows[i] for i in mine])
         key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), self.step)
-        _, turns = multi_turn.rollout(self.cfg.model, scfg, self.cfg.env, self.task.tokenizer, self.gen_mesh,
-                                      self.sampler_params, prompts, rows, key)
-        turns = turns[: len(examples)]
-        solved = [t.rewards[-1] >= 1.0 for t in turns]
-        metrics = {"eval/accuracy_greedy": float(np.mean(solved)), "eval/return_mean": float(np.mean([t.total for t in turns])),
-                   "eval/tool_call_rate": float(np.mean([bool(t.observations) for t in turns]))}
-        records = [{"index": i, "prompt": ex["prompt"], "answer": ex.get("answer"),
+        _, turns = multi_turn.rollout(
+            self.cfg.model, dataclasses.replace(self.cfg.sampling, group_size=1, greedy=True), self.cfg.env,
+            self.task.tokenizer, self.gen_mesh, self.sampler_params, sharding.global_batch(prompts, self.gen_mesh, len(rows)),
+            [rows[i] for i in mine], key)
+        records = [{"index": int(i), "prompt": rows[i]["prompt"], "answer": rows[i].get("answer"),
                     "greedy": {"completions": t.completions, "observations": t.observations, "rewards": t.rewards,
-                               "correct": ok}} for i, (ex, t, ok) in enumerate(zip(examples, turns, solved))]
+                               "correct": t.rewards[-1] >= 1.0}} for i, t in zip(mine, turns) if i < len(examples)]
+        records = list({r["index"]: r for part in distributed.all_gather_json(records) for r in part}.values())
+        records.sort(key=lambda r: r["index"])
+        metrics = {"eval/accuracy_greedy": float(np.mean([r["greedy"]["correct"] for r in records])),
+                   "eval/return_mean": float(np.mean([sum(r["greedy"]["rewards"]) for r in records])),
+                   "eval/tool_call_rate": float(np.mean([bool(r["greedy"]["observations"]) for r in records]))}
         return metrics, records
 
     # -- checkpoints -------------------------------------------------------------------------------

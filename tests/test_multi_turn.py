@@ -75,7 +75,8 @@ def test_the_same_trajectories_on_a_mesh_and_on_a_rerun(sampled):
     params, prompts, rows, rollout, turns = sampled
     mesh = sharding.make_mesh(MeshConfig(data=4, fsdp=2))
     on_mesh, turns_mesh = multi_turn.rollout(CFG, SCFG, Echo(max_turns=5), TOK, mesh,
-                                             models.shard_params(params, CFG, mesh), prompts, rows, jax.random.key(3))
+                                             models.shard_params(params, CFG, mesh), sharding.global_batch(prompts, mesh),
+                                             rows, jax.random.key(3))
     np.testing.assert_array_equal(on_mesh.tokens, rollout.tokens)
     np.testing.assert_array_equal(on_mesh.mask, rollout.mask)
     np.testing.assert_allclose(on_mesh.logprobs, rollout.logprobs, rtol=0, atol=2e-5)
@@ -228,12 +229,62 @@ def test_turn_level_credit_gives_each_token_its_turns_advantage(tmp_path):
     t = trainer.Trainer(env_config(tmp_path))
     batches, _ = t.rollout_batch(jax.random.key(0))
     s = t.last_rollout["drawn"][0]
-    rewards = np.array([r.rewards for r in s["turns"]])
-    expect = reference.turn_advantages(t.cfg.algorithm, rewards, np.ones_like(rewards, bool),
-                                       np.repeat(np.arange(2), 4))
+    assert s["turn_mask"].all()  # 3 turns each
+    expect = reference.turn_advantages(t.cfg.algorithm, s["turn_rewards"], s["turn_mask"], np.repeat(np.arange(2), 4))
     assert np.abs(expect).max() > 0.5
     adv, mask = (np.concatenate([np.asarray(getattr(b, k)) for b in batches]) for k in ("advantages", "mask"))
-    for i, r in enumerate(s["turns"]):
-        turn_of = np.repeat(np.arange(3), r.lengths)
-        np.testing.assert_allclose(adv[i][mask[i] > 0], expect[i][turn_of], rtol=1e-5, atol=1e-6)
-        assert not adv[i][mask[i] == 0].any()
+    checked = 0
+    for i in range(len(adv)):  # a turn is a run of policy tokens between observations (unless the budget cut one to nothing)
+        policy = mask[i] > 0
+        turn_of = np.cumsum(policy & ~np.r_[False, policy[:-1]]) - 1
+        assert not adv[i][~policy].any()
+        if turn_of[policy].max() == 2:
+            np.testing.assert_allclose(adv[i][policy], expect[i][turn_of[policy]], rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked >= 6
+
+
+ECHO_CONFIG = '''"""The quickstart with an environment of 3 turns, for the run across processes (tests/test_multi_turn.py)."""
+import dataclasses
+import runpy
+
+from grpo_jax import envs
+from grpo_jax.config import RewardConfig
+
+QUICKSTART = runpy.run_path({quickstart!r})["get_config"]
+
+
+@envs.register("echo_turns")
+@dataclasses.dataclass(frozen=True)
+class EchoTurns(envs.EnvConfig):
+    def step(self, state, completion):
+        return envs.Step(f"ok{{state.turn}}", len(completion) / 10, state.turn == 2)
+
+
+def get_config():
+    return dataclasses.replace(QUICKSTART(), env=EchoTurns(max_turns=3), reward=RewardConfig(names=("env",)))
+'''
+
+
+@pytest.mark.slow  # minutes of CPU: a run in one process and the same in two at once
+def test_two_processes_sample_the_trajectories_of_one(tmp_path):
+    """The quickstart with a 3-turn environment under turn-level credit, shrunk as test_distributed's run:
+    each of 2 processes x 4 devices steps its own rows' environments; every logged metric (rollouts, turn
+    credit, greedy trajectories of the held-out set) is that of 1 process x 8 devices."""
+    import test_distributed as td  # noqa: PLC0415  (its launch helpers; imported here, as the slow tests' only user)
+
+    config = tmp_path / "echo_turns.py"
+    config.write_text(ECHO_CONFIG.format(quickstart=str(td.QUICKSTART)))
+    sets = [s for s in td.SETS if not s.startswith(("reward.", "train.eval_samples", "train.packing", "train.export_hf",
+                                                      "sampling.max_new_tokens"))]
+    sets += ["reward.num_workers=0", "sampling.max_new_tokens=16", "algorithm.preset=gtpo_turn",
+             "sampling.stop_tokens=" + ",".join(map(str, range(3, 50)))]
+    argv = lambda out: ["--config", str(config), *(a for s in (*sets, f"train.out_dir={out}") for a in ("--set", s))]  # noqa: E731
+    run.train(td.parse_args(argv(tmp_path / "one")))
+    want = td.rows(tmp_path / "one")
+    assert all(r["env/turns_mean"] > 2 for r in want if "env/turns_mean" in r) and "eval/tool_call_rate" in want[0]
+    procs = td.cluster(["-m", "grpo_jax.train", *argv(tmp_path / "two")], 2, tmp_path / "two")
+    td.finish(procs, tmp_path / "two")
+    td.assert_same_metrics(td.rows(tmp_path / "two"), want)
+    held_out = [(tmp_path / out / "held_out.jsonl").read_text() for out in ("one", "two")]
+    assert held_out[0] == held_out[1]
