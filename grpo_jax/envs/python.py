@@ -4,7 +4,6 @@ reward pool (`rewards.scoring.run`), which kills it and answers a timeout if it 
 a crash or a memory bomb in the policy's code becomes an observation."""
 
 import dataclasses
-import resource
 import subprocess
 import sys
 
@@ -36,15 +35,19 @@ class PythonConfig(ToolEnv):
         return value if status == "ok" else f"error: {status}"
 
 
+# The child limits itself before it compiles the code (no preexec_fn: unsafe in a process with threads).
+_LIMITED = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]),) * 2)\n"
+            "resource.setrlimit(resource.RLIMIT_CPU, (int(sys.argv[3]),) * 2)\n"
+            "del resource, sys\n"
+            "exec(compile(__import__('sys').argv[1], '<tool>', 'exec'), {'__name__': '__main__'})")
+
+
 def run(code: str, timeout_s: float, memory_mb: int) -> str:
     """The last line of what `code` prints, or of its error."""
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20,) * 2)
-        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout_s) + 1,) * 2)
-
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=timeout_s,
-                              preexec_fn=limit)
+        done = subprocess.run([sys.executable, "-I", "-c", _LIMITED, code, str(memory_mb << 20), str(int(timeout_s) + 1)],
+                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return "error: timeout"
     lines = (done.stdout if done.returncode == 0 else done.stderr or f"exit {done.returncode}").strip().splitlines()
