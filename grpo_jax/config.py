@@ -331,6 +331,9 @@ class Config:
         if self.env is not None and self.train.packing:
             raise ValueError("train.packing lays rows out by their counted tokens, which leave out a trajectory's "
                              "observations: set train.packing=False with Config.env")
+        if self.env is not None and self.algorithm.routing_replay == "sampler":
+            raise ValueError("algorithm.routing_replay='sampler' replays the experts the sampler chose, which multi-turn "
+                             "rollouts (Config.env) do not record: use routing_replay='old' or 'none'")
         if self.env is not None and self.algorithm.sampler.spec.replays:
             raise ValueError(f"algorithm.sampler={self.algorithm.sampler.name!r} replays stored groups, which keep no "
                              "observation mask: use a sampler without replays with Config.env")

@@ -69,8 +69,13 @@ def test_environments_are_chosen_by_name_and_checked():
     assert cfg.env == envs.ENVS["calculator"](max_turns=3) and cfg.env.name == "calculator"
     with pytest.raises(ValueError, match=r"reward.names holds 'env' .* exactly when Config.env is set: env='calculator'"):
         override(Config(model=None, model_path="x"), ["env=calculator"])
-    with pytest.raises(ValueError, match="train.max_staleness=1: multi-turn rollouts"):
-        override(cfg, ["train.max_staleness=1"])
+    for change, message in (("train.max_staleness=1", "train.max_staleness=1: multi-turn rollouts"),
+                            ("train.packing=true", "train.packing lays rows out"),
+                            ("algorithm.sampler=repo", "algorithm.sampler='repo' replays stored groups"),
+                            ("train.eval_samples=4", "train.eval_samples=4 sample one turn"),
+                            ("algorithm.routing_replay=sampler", "routing_replay='sampler' replays the experts")):
+        with pytest.raises(ValueError, match=message):
+            override(cfg, [change])
     with pytest.raises(KeyError, match="unknown environment 'calculater'; did you mean 'calculator'"):
         envs.EnvConfig.from_name("calculater")
     with pytest.raises(ValueError, match=r"max_turns=0 .* must be >= 1 \(env.max_turns"):
