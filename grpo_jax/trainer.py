@@ -693,8 +693,14 @@ class Trainer:
                 at = table["token_turns"]
                 advantages[:n] = np.where(at >= 0, np.take_along_axis(by_turn, np.maximum(at, 0), axis=1), 0.0)
             else:
+                mean_logp = None
+                if alg.unlikeliness:  # each kept row's mean token l^samp, whose rank in its group scales its reward
+                    means = [sharding.gather(jnp.sum(s["rollout"].logprobs * s["rollout"].mask, 1)
+                                             / jnp.maximum(s["rollout"].mask.sum(1), 1)) for s in drawn]
+                    mean_logp = np.array([means[r][row] for rows, _, _ in kept for r, row in rows])
                 advantages[:n] = np.asarray(algorithms.compute_advantages(
-                    alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w))
+                    alg, scores, group_ids=np.repeat(groups, g), lengths=mask_lengths[:n], reward_weights=w,
+                    sampler_logprobs=mean_logp))
         return source, advantages, mask_lengths, prompt_lengths
 
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:

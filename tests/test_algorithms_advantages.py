@@ -232,3 +232,43 @@ def test_normalize_each_is_the_sum_of_per_reward_advantages():
     np.testing.assert_allclose(compute_advantages(cfg("group_std", reward_combine="normalize_each"), r, group_size=3,
                                                   reward_weights=(1.0, 0.5)), per[0] + 0.5 * per[1], rtol=1e-5, atol=1e-6)
     assert abs(per[1]).max() == pytest.approx(abs(per[0]).max(), rel=1e-5)  # the scale of R2 no longer dominates
+
+
+def test_unlikeliness_by_hand():
+    """Rewarding the Unlikely: reward * (1 - beta_rank * rank / G), rank ascending by mean log-prob in
+    the group, ties by position. Group A (G = 4): log-probs (-0.5, -2, -1, -0.5) rank (2, 0, 1, 3), so
+    rewards (1, 1, 0, 1) become (0.875, 1, 0, 0.8125); group B (G = 3, all correct): ranks (2, 0, 1),
+    rewards (5/6, 1, 11/12): the likeliest is rewarded least, and the uniform group learns."""
+    c = cfg("group_mean", unlikeliness=0.25)
+    r = np.array([1, 1, 0, 1, 1, 1, 1], np.float32)
+    lp = np.array([-0.5, -2.0, -1.0, -0.5, -1.0, -3.0, -2.0], np.float32)
+    ids = np.array([0, 0, 0, 0, 4, 4, 4])
+    a, b = np.array([0.875, 1, 0, 0.8125]), np.array([10, 12, 11]) / 12
+    want = np.concatenate([a - a.mean(), b - b.mean()])
+    np.testing.assert_allclose(compute_advantages(c, r, group_ids=ids, sampler_logprobs=lp), want, atol=1e-6)
+    np.testing.assert_allclose(reference.compute_advantages(c, r, ids, sampler_logprobs=lp), want, atol=1e-12)
+    with pytest.raises(ValueError, match="pass sampler_logprobs="):
+        compute_advantages(c, r, group_ids=ids)
+
+
+@pytest.mark.parametrize("name, weights, options", [
+    ("group_std", None, {}), ("rloo", (1.0, 0.5), dict(reward_combine="normalize_each")),
+    ("group_std", (1.0, 0.5), dict(reward_combine="normalize_then_sum", gpg_scale=True))])
+def test_unlikeliness_matches_numpy(name, weights, options):
+    """Against the float64 reference (a stable argsort per group), through a jit with permuted group ids;
+    unlikeliness=0 ignores the log-probs: bit-identical to passing none."""
+    rng = np.random.default_rng(3)
+    k = len(weights or (1,))
+    rewards = (rng.random((12, k)) < 0.6).astype(np.float32)
+    lp = np.round(rng.normal(-1, 0.5, 12), 1).astype(np.float32)  # rounded: ties within groups
+    perm = rng.permutation(12)
+    ids = (np.arange(12) // 4)[perm] * 3
+    cols = rewards[perm] if k > 1 else rewards[perm, 0]
+    c = cfg(name, unlikeliness=0.3, **options)
+    got = jax.jit(lambda r, i, l: compute_advantages(c, r, group_ids=i, reward_weights=weights, sampler_logprobs=l))(
+        cols, ids, lp[perm])
+    want = reference.compute_advantages(c, rewards[perm].astype(np.float64), ids, None, weights, lp[perm])
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    off = cfg(name, **options)
+    assert (np.asarray(compute_advantages(off, cols, group_ids=ids, reward_weights=weights, sampler_logprobs=lp[perm]))
+            == np.asarray(compute_advantages(off, cols, group_ids=ids, reward_weights=weights))).all()

@@ -33,7 +33,8 @@ def test_every_preset_runs_one_loss_evaluation(preset):
     entropy = np.abs(rng.normal(0.5, 0.2, mask.shape)).astype(np.float32)
     tokens = rng.integers(0, 3, mask.shape).astype(np.int32)
     rewards = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 1, 1, 0], np.float32)  # binary (pass@k, S-GRPO)
-    adv = compute_advantages(cfg, rewards, group_size=g, lengths=mask.sum(1))
+    adv = compute_advantages(cfg, rewards, group_size=g, lengths=mask.sum(1),
+                             sampler_logprobs=(old * mask).sum(1) / np.maximum(mask.sum(1), 1))  # unlikeliness
     ref = logp - 0.1 if cfg.beta > 0 else None
     nz = normalizer(cfg, mask, t)
     stats = None
@@ -118,6 +119,8 @@ def test_overrides():
     (dict(loss=lambda: losses.PpoClip(clip_c=0.9)), "clip_c=0.9 .* must be > 1"),
     (dict(loss=lambda: losses.Gspo(eps_low=1.0), aggregation="seq_mean"), "eps_low=1.0"),
     (dict(beta=-1.0), "beta=-1.0"),
+    (dict(unlikeliness=1.5), "unlikeliness=1.5 must lie in"),
+    (dict(unlikeliness=0.25, turn_discount=0.9), "unlikeliness=0.25 scales each completion's reward"),
     (dict(num_iterations=0), "num_iterations"),
     (dict(loss="reinforce", num_iterations=2), "off-policy without correction"),
     (dict(overlong_buffer_frac=1.5), "overlong_buffer_frac"),
@@ -155,8 +158,8 @@ def test_configs_saved_before_the_variants_owned_their_parameters_resume():
     fixture = json.loads((PATH.parents[1] / "tests" / "fixtures" / "algorithm_configs_before_params.json").read_text())
     old = {"grpo": fixture["grpo"], **{k: {**fixture["grpo"], **v} for k, v in fixture["others"].items()}}
     now = {name: AlgorithmConfig.from_preset(name) for name in PRESETS}
-    now = {name: cfg for name, cfg in now.items()  # samplers and turn credit came later
-           if cfg.sampler.name == "uniform" and cfg.turn_discount is None}
+    now = {name: cfg for name, cfg in now.items()  # samplers, turn credit and the unlikeliness reward came later
+           if cfg.sampler.name == "uniform" and cfg.turn_discount is None and not cfg.unlikeliness}
     now["grpo(eps_high=0.27, delta=3.0, ratio_impl=reference)"] = AlgorithmConfig.from_preset(
         "grpo", loss=losses.PpoClip(eps_high=0.27, delta=3.0, ratio_impl="reference"))
     now |= {"clip_cov": AlgorithmConfig(loss=losses.ClipCov(ratio=0.01)), "kl_cov": AlgorithmConfig(loss=losses.KlCov(coef=1.0)),

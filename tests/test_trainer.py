@@ -61,6 +61,22 @@ def test_every_preset_runs_two_steps(preset, tmp_path):
     assert metrics["groups/kept"] <= 2 and metrics["completion/length_mean"] > 0
 
 
+def test_unlikeliness_ranks_each_group_by_the_samplers_mean_logprob(tmp_path):
+    """The trainer hands compute_advantages each row's mean token l^samp: the rollout batch's advantages
+    are the float64 reference's on the drawn rewards and the sampler's log-probs averaged here by hand."""
+    t = trainer.Trainer(config(tmp_path, "unlikeliness", steps=1))
+    t.train_step()
+    (s,) = t.last_rollout["drawn"]
+    logp, mask = np.asarray(s["rollout"].logprobs, np.float64), np.asarray(s["rollout"].mask)
+    mean = np.array([logp[i][mask[i]].mean() for i in range(len(mask))])
+    want = algorithms.reference.compute_advantages(t.cfg.algorithm, s["rewards"], np.arange(len(mask)) // 4, None,
+                                                    t.cfg.reward.weights, mean)
+    np.testing.assert_allclose(t.last_rollout["advantages"], want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(want, algorithms.reference.compute_advantages(
+        dataclasses.replace(t.cfg.algorithm, unlikeliness=0.0), s["rewards"], np.arange(len(mask)) // 4, None,
+        t.cfg.reward.weights))  # the ranks changed the advantages
+
+
 def test_prefix_grouping_through_the_trainer_changes_no_metric(tmp_path):
     """train.prefix_grouper on the trainer's rollout batches (groups in consecutive rows, split into
     2 minibatches with l^old from the grouped forward): every metric of a step as without it."""

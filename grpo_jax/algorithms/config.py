@@ -49,6 +49,9 @@ class AlgorithmConfig:
     # A single-turn completion is a trajectory of one turn: there both give the same advantages.
     turn_discount: float | None = None
     reward_combine: str = "sum_then_normalize"  # how the RewardConfig.weights-weighted rewards combine
+    # beta_rank of the unlikeliness reward (Rewarding the Unlikely, 2506.02355): rewards scaled by 1 - beta_rank *
+    # rank / G, rank a completion's by sampler likelihood in its group (`advantages.unlikeliness_scale`); 0: off
+    unlikeliness: float = 0.0
     # regularizers and token selection
     beta: float = 0.04  # KL coefficient; 0: no reference model is kept or run
     kl_estimator: str = "k3"
@@ -129,6 +132,12 @@ class AlgorithmConfig:
                 f"AlgorithmConfig: sampler={self.sampler.name!r} subtracts its baseline from the weighted total reward, so "
                 f"reward_combine={self.reward_combine!r} (per-reward normalization) cannot apply; use 'sum_then_normalize'."
             )
+        if self.unlikeliness and (self.sampler.spec.baseline or self.turn_discount is not None):
+            raise ValueError(
+                f"AlgorithmConfig: unlikeliness={self.unlikeliness} scales each completion's reward, which neither "
+                f"turn_discount (turn returns) nor sampler={self.sampler.name!r} (a baseline subtracted) keeps; set "
+                "unlikeliness=0, or turn_discount=None and a sampler without a baseline."
+            )
         if self.sampler.spec.replays and (self.dynamic_sampling or self.routing_replay == "sampler"):
             raise ValueError(
                 f"AlgorithmConfig: sampler={self.sampler.name!r} trains on stored groups again; it takes neither "
@@ -176,6 +185,9 @@ class AlgorithmConfig:
             raise ValueError(f"AlgorithmConfig: turn_discount={self.turn_discount} must lie in [0, 1] (or None).")
         if self.beta < 0:
             raise ValueError(f"AlgorithmConfig: beta={self.beta} must be >= 0.")
+        if not 0 <= self.unlikeliness <= 1:
+            raise ValueError(f"AlgorithmConfig: unlikeliness={self.unlikeliness} must lie in [0, 1] (beta_rank; 0 is off, "
+                             "above 1 the likeliest correct completions could score below wrong ones).")
         if self.num_iterations < 1 or self.max_gen_batches < 1:
             raise ValueError("AlgorithmConfig: num_iterations and max_gen_batches must be >= 1.")
         if not 0 <= self.overlong_buffer_frac < 1 or self.overlong_kappa < 0:
@@ -228,6 +240,7 @@ preset("gapo", "GAPO 2510.21830", advantage="gapo", loss=PpoClip(eps_high=0.28, 
 preset("s_grpo", "S-GRPO 2508.05928", **_BASE, advantage="noise_aware", aggregation="seq_mean_token_sum_norm")
 preset("reinforce_pp", "REINFORCE++ 2501.03262", **_BASE, advantage="reinforce_pp", aggregation="token_mean")
 preset("pass_at_k", "Pass@k Training 2508.10751", **_BASE, advantage="pass_at_k")
+preset("unlikeliness", "Rewarding the Unlikely 2506.02355", unlikeliness=0.25)  # the authors' examples/lean/grpo.sh
 preset("mo_grpo", "MO-GRPO 2509.22047", **_BASE, reward_combine="normalize_each")
 preset("abc_grpo", "ABC-GRPO 2601.03895", **_BASE, loss="abc_grpo")
 preset("dhpo", "DHPO 2601.05607", **_BASE, loss="dhpo")

@@ -25,7 +25,7 @@ from grpo_jax.algorithms.advantages.base import (
 )
 from grpo_jax.algorithms.advantages.classic import BatchStd, GroupStd, ReinforcePp, Spo
 from grpo_jax.algorithms.advantages.robust import Gapo, NoiseAware, Ngrpo
-from grpo_jax.algorithms.advantages.shaped import PassAtK
+from grpo_jax.algorithms.advantages.shaped import PassAtK, unlikeliness_scale
 
 if TYPE_CHECKING:
     from grpo_jax.algorithms.config import AlgorithmConfig
@@ -75,6 +75,7 @@ def compute_advantages(
     group_ids: Int[ArrayLike, " n"] | None = None,
     lengths: Real[ArrayLike, " n"] | None = None,  # counted completion lengths
     reward_weights: Sequence[float] | Float[ArrayLike, " k"] | None = None,
+    sampler_logprobs: Float[ArrayLike, " n"] | None = None,  # each completion's mean token l^samp
 ) -> Float[Array, " n"]:
     """Advantages for N completions from one reward per completion, or K weighted rewards [N, K].
 
@@ -85,7 +86,9 @@ def compute_advantages(
     normalize_each (MO-GRPO: the estimator on each R^k, then their weighted sum) or
     normalize_then_sum (GDPO: the same sum, then standardized over the batch). `cfg.gpg_scale`
     multiplies by N / N_valid, N_valid the samples in groups whose combined signal (the weighted
-    reward sum, or the weighted sum of per-reward advantages) is not all equal.
+    reward sum, or the weighted sum of per-reward advantages) is not all equal. `cfg.unlikeliness` > 0
+    first scales every reward by its completion's likelihood rank in its group (`unlikeliness_scale`,
+    from `sampler_logprobs`, which it then needs).
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     rewards = rewards[:, None] if rewards.ndim == 1 else rewards
@@ -104,6 +107,11 @@ def compute_advantages(
     if need != 2:
         why = f"algorithm.advantage={params!r}"
     groups = _group_ids(n, group_size, group_ids, need, why)
+    if cfg.unlikeliness:
+        if sampler_logprobs is None:
+            raise ValueError(f"compute_advantages: algorithm.unlikeliness={cfg.unlikeliness} ranks completions by "
+                             "likelihood; pass sampler_logprobs= (each completion's mean token log-prob).")
+        rewards = rewards * unlikeliness_scale(cfg.unlikeliness, jnp.asarray(sampler_logprobs, jnp.float32), groups)[:, None]
 
     def informative(signal):  # groups whose signal varies (all of them for estimators that learn from the others)
         return group_spread(signal, groups) > 0 if not spec.learns_from_uniform_groups else jnp.ones(n, bool)

@@ -74,3 +74,18 @@ def pass_at_k(p, rewards, groups, lengths):
     sigma = jnp.sqrt(rho * (1.0 - rho))
     wrong = 1.0 - rho - _binomial_ratio(n - c - 1, n - 1, k - 1)
     return jnp.where(correct, 1.0 - rho, wrong) / (sigma + p.eps)
+
+
+def unlikeliness_scale(beta_rank: float, logprobs, groups):
+    """Rewarding the Unlikely (He, Fried, Welleck, arXiv 2506.02355; the authors'
+    `_compute_advantages` in verl/trainer/ppo/ray_lean_trainer.py): each reward is multiplied by
+    1 - beta_rank * rank_i / G, rank_i in [0, G) the rank of completion i's mean token log-prob under
+    the sampler among its group's (ascending, ties by position; G the group size), so the likeliest
+    correct completion is rewarded least and GRPO's rank bias toward already likely solutions is
+    countered. Wrong completions (reward 0) stay 0; an all-correct group gets a signal."""
+    n = logprobs.shape[0]
+    pos = jnp.arange(n)
+    order = jnp.lexsort((pos, logprobs, groups))  # by group, then log-prob, then position
+    first = jax.ops.segment_min(pos, groups[order], n)  # per group id: its first sorted position
+    rank = jnp.zeros(n, jnp.float32).at[order].set((pos - first[groups[order]]).astype(jnp.float32))
+    return 1.0 - beta_rank * rank / group_sum(jnp.ones(n, jnp.float32), groups)

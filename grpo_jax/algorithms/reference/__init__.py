@@ -26,6 +26,7 @@ from grpo_jax.algorithms.reference.advantages import (
     rloo,
     spo,
     turn_advantages,
+    unlikeliness_scale,
 )
 from grpo_jax.algorithms.reference.common import LOG_RATIO_BOUND, exp_clamped
 from grpo_jax.algorithms.reference.losses import (

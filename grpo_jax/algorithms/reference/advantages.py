@@ -132,10 +132,24 @@ def pass_at_k(cfg, rg, lg):
     return np.where(rg > 0, 1 - rho, wrong) / (sigma + cfg.eps)
 
 
-def compute_advantages(cfg, rewards, groups, lengths=None, weights=None):
+def unlikeliness_scale(beta_rank, logprobs, groups):
+    """1 - beta_rank * rank / G per completion, rank its place in its group sorted by ascending mean
+    log-prob (a stable sort: ties by position), as the authors' double argsort."""
+    out = np.ones(len(logprobs))
+    for g in np.unique(groups):
+        idx = np.flatnonzero(groups == g)
+        rank = np.empty(len(idx))
+        rank[np.argsort(logprobs[idx], kind="stable")] = np.arange(len(idx))
+        out[idx] = 1 - beta_rank * rank / len(idx)
+    return out
+
+
+def compute_advantages(cfg, rewards, groups, lengths=None, weights=None, sampler_logprobs=None):
     """The whole of `algorithms.compute_advantages` for rewards [N, K] and integer group ids."""
     spec = cfg.advantage.spec
     rewards = np.asarray(rewards, np.float64).reshape(len(rewards), -1)
+    if cfg.unlikeliness:
+        rewards = rewards * unlikeliness_scale(cfg.unlikeliness, np.asarray(sampler_logprobs, np.float64), groups)[:, None]
     w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
 
     def zero_spread_to_zero(adv, signal):
