@@ -276,8 +276,8 @@ def test_two_processes_sample_the_trajectories_of_one(tmp_path):
     config = tmp_path / "echo_turns.py"
     config.write_text(ECHO_CONFIG.format(quickstart=str(td.QUICKSTART)))
     sets = [s for s in td.SETS if not s.startswith(("reward.", "train.eval_samples", "train.packing", "train.export_hf",
-                                                      "sampling.max_new_tokens"))]
-    sets += ["reward.num_workers=0", "sampling.max_new_tokens=16", "algorithm.preset=gtpo_turn",
+                                                      "sampling.max_new_tokens", "train.steps"))]
+    sets += ["reward.num_workers=0", "sampling.max_new_tokens=16", "algorithm.preset=gtpo_turn", "train.steps=2",
              "sampling.stop_tokens=" + ",".join(map(str, range(3, 50)))]
     argv = lambda out: ["--config", str(config), *(a for s in (*sets, f"train.out_dir={out}") for a in ("--set", s))]  # noqa: E731
     run.train(td.parse_args(argv(tmp_path / "one")))
