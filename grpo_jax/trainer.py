@@ -377,6 +377,9 @@ class Trainer:
             raise ValueError(f"algorithm.sampler={self.sampler.name!r} learns from each prompt's correctness, but none of "
                              f"reward.names={cfg.reward.names} is a correctness reward: add one (e.g. 'exact'), or use "
                              "algorithm.sampler='uniform'")
+        if cfg.reward.label_noise and not any(r.correctness for r in self.task.rewards):
+            raise ValueError(f"reward.label_noise={cfg.reward.label_noise} flips correctness labels, but none of "
+                             f"reward.names={cfg.reward.names} is a correctness reward: add one (e.g. 'exact') or set 0")
         self.sampler_state = samplers.check_state(self.sampler, self.sampler.init(len(self.task.train)))
         self.replay = None  # samplers with replays: each prompt's last group (samplers.replay_store)
         if self.sampler.spec.replays:
@@ -479,7 +482,13 @@ class Trainer:
         )
         # every process's rows: groups, advantages and the metrics need them all
         scores, status = sharding.gather(sharding.global_batch((scores, status), self.gen_mesh, n))
-        metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status)}
+        flips = {}
+        if self.cfg.reward.label_noise:  # drawn from the round's key (every process, a resume: the same flips),
+            kinds = [r.correctness for r in self.task.rewards]  # folded with no prompt's index (the row keys')
+            uniform = np.asarray(jax.random.uniform(jax.random.fold_in(rng, 2**32 - 1), scores.shape))
+            scores, flipped = rewards.flip_labels(scores, status, kinds, self.cfg.reward.label_noise, uniform)
+            flips = {"reward/label_flip_frac": float(flipped.sum() / max(((status == 0) & kinds).sum(), 1))}
+        metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status), **flips}
         lengths, truncated, prompt_lengths, counted = sharding.gather(
             (rollout.lengths, rollout.truncated, row_prompts.lengths, rollout.mask.sum(1)))
         correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]

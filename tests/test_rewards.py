@@ -288,3 +288,26 @@ def test_check_sendable_names_what_a_worker_cannot_load():
     with pytest.raises(ValueError, match="reward 'mine' .*cannot be loaded by a reward worker process: set "
                                          "reward.num_workers=0"):
         scoring.check_sendable({"mine": lambda prompt, completion, example, **_: 0.0})
+
+
+def test_label_noise_flips_binary_correctness_at_its_rate():
+    """Each returned correctness label flips (0 <-> 1) where its draw is below p: 20000 draws flip at
+    p = 0.2 within 4.5 binomial standard deviations; other rewards and failed calls stay as scored."""
+    rng = np.random.default_rng(0)
+    n, p = 20000, 0.2
+    rewards = np.stack([(rng.random(n) < 0.3), -rng.random(n)], 1).astype(np.float32)  # (exact, length)
+    status = np.zeros((n, 2), np.int8)
+    status[:100, 0] = 1  # failed calls score 0 and are never flipped
+    rewards[:100, 0] = 0.0
+    uniform = rng.random((n, 2))
+    out, flipped = scoring.flip_labels(rewards, status, (True, False), p, uniform)
+    want = (uniform[:, 0] < p) & (np.arange(n) >= 100)
+    np.testing.assert_array_equal(flipped[:, 0], want)
+    assert not flipped[:, 1].any() and (out[:, 1] == rewards[:, 1]).all()
+    np.testing.assert_array_equal(out[:, 0], np.where(want, 1 - rewards[:, 0], rewards[:, 0]))
+    assert abs(want[100:].mean() - p) < 4.5 * np.sqrt(p * (1 - p) / (n - 100))
+    with pytest.raises(ValueError, match="flips binary correctness rewards, but one scored 0.5"):
+        scoring.flip_labels(np.full((2, 1), 0.5, np.float32), np.zeros((2, 1), np.int8), (True,), p, uniform[:2, :1])
+    for bad in (0.5, -0.1):
+        with pytest.raises(ValueError, match=f"RewardConfig.label_noise={bad} must lie in"):
+            RewardConfig(label_noise=bad)

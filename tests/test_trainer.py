@@ -77,6 +77,27 @@ def test_unlikeliness_ranks_each_group_by_the_samplers_mean_logprob(tmp_path):
         t.cfg.reward.weights))  # the ranks changed the advantages
 
 
+def test_label_noise_flips_the_rounds_correctness_labels_by_its_key(tmp_path):
+    """reward.label_noise: a round samples the completions of a clean round with the same key, its
+    exact-match labels flipped (the length reward untouched), the same flips again under that key, others
+    under another; reward/label_flip_frac counts them; label_noise = 0 is the clean round."""
+    cfg = config(tmp_path, "grpo", steps=1)
+    t = trainer.Trainer(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, label_noise=0.3)))
+    examples, key = samplers.Picked(t.task.train, np.arange(8)), jax.random.key(7)
+    noisy, again, other = (t.sample(examples, k, t.cfg.sampling) for k in (key, key, jax.random.key(8)))
+    t.cfg = cfg
+    clean, other_clean = (t.sample(examples, k, t.cfg.sampling) for k in (key, jax.random.key(8)))
+    assert noisy["completions"] == clean["completions"] and "reward/label_flip_frac" not in clean["metrics"]
+    flipped = noisy["rewards"][:, 0] != clean["rewards"][:, 0]
+    np.testing.assert_array_equal(noisy["rewards"][flipped, 0], 1 - clean["rewards"][flipped, 0])
+    np.testing.assert_array_equal(noisy["rewards"][:, 1], clean["rewards"][:, 1])
+    assert 0 < flipped.sum() < len(flipped) and noisy["metrics"]["reward/label_flip_frac"] == flipped.mean()
+    np.testing.assert_array_equal(again["rewards"], noisy["rewards"])
+    assert ((other["rewards"][:, 0] != other_clean["rewards"][:, 0]) != flipped).any()
+    with pytest.raises(ValueError, match="reward.label_noise=0.3 flips correctness labels, but none of"):
+        trainer.Trainer(dataclasses.replace(cfg, reward=RewardConfig(names=("length",), label_noise=0.3, num_workers=1)))
+
+
 def test_prefix_grouping_through_the_trainer_changes_no_metric(tmp_path):
     """train.prefix_grouper on the trainer's rollout batches (groups in consecutive rows, split into
     2 minibatches with l^old from the grouped forward): every metric of a step as without it."""

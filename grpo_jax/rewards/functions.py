@@ -130,13 +130,16 @@ class RewardConfig:
     rewards such as a regex; a call cannot be stopped there: one that overruns `timeout_s` counts as
     a timeout once it returns). A call that raises, times out or returns a non-finite number (nan,
     inf, or beyond float32) is a failure: counted per reward, and by `on_failure` its group is
-    dropped from the update ("drop_group") or the call scores 0 ("zero")."""
+    dropped from the update ("drop_group") or the call scores 0 ("zero"). `label_noise` = p > 0 flips
+    each returned correctness reward (0 <-> 1) with probability p before anything reads it (noisy-verifier
+    studies: S-GRPO 2508.05928), seeded by the run's sampling key; logged as reward/label_flip_frac."""
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
     timeout_s: float = 5.0
     num_workers: int = 2
     on_failure: str = "drop_group"
+    label_noise: float = 0.0
 
     def __post_init__(self):
         if len(self.weights) != len(self.names):
@@ -150,6 +153,9 @@ class RewardConfig:
             raise ValueError(f"RewardConfig.weights={self.weights} must be finite")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"RewardConfig.on_failure={self.on_failure!r}: use one of {ON_FAILURE}")
+        if not 0 <= self.label_noise < 0.5:
+            raise ValueError(f"RewardConfig.label_noise={self.label_noise} must lie in [0, 0.5) (a flip probability; "
+                             "0.5 leaves no signal)")
 
     def rewards(self, max_len: int, given: Mapping[str, RewardFn | Reward] | None = None) -> tuple[Reward, ...]:
         """The rewards of `names`, from `given` (callables passed in code) or the registry, with the

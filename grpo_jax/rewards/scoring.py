@@ -343,6 +343,22 @@ def summarize(
     return metrics
 
 
+def flip_labels(
+    rewards: Float[np.ndarray, "completions rewards"], status: Int8[np.ndarray, "completions rewards"],
+    correctness: Sequence[bool], p: float, uniform: Float[np.ndarray, "completions rewards"],
+) -> tuple[Float[np.ndarray, "completions rewards"], Bool[np.ndarray, "completions rewards"]]:
+    """Symmetric label noise (RewardConfig.label_noise): each correctness reward v in {0, 1} of a call
+    that returned (status 0) becomes 1 - v where its `uniform` draw in [0, 1) is below `p` (the trainer
+    draws them from the sampling round's key, so a resumed run flips the same labels). (rewards, flipped)."""
+    cols = np.asarray(correctness, bool)[None, :] & (status == 0)
+    bad = rewards[cols][~np.isin(rewards[cols], (0.0, 1.0))]
+    if bad.size:
+        raise ValueError(f"RewardConfig.label_noise flips binary correctness rewards, but one scored {bad[0]}; "
+                         "set label_noise=0 for this task.")
+    flipped = cols & (uniform < p)
+    return np.where(flipped, 1.0 - rewards, rewards).astype(np.float32), flipped
+
+
 def usable_groups(status: Int8[np.ndarray, "completions rewards"], group_size: int, on_failure: str) -> Bool[np.ndarray, "groups"]:
     """Per group of `group_size` rows: may it enter the update? With `on_failure="drop_group"` (see
     RewardConfig) a group with any failed reward call (nonzero `score` status) is dropped; with "zero"
