@@ -27,7 +27,7 @@ from grpo_jax.envs import EnvConfig
 from grpo_jax.logging import TRACKERS
 from grpo_jax.lora import LoraConfig
 from grpo_jax.metrics import EDGES_RULE, edges_increase
-from grpo_jax.models.config import RUN_FIELDS, ModelConfig, check_run_fields
+from grpo_jax.models.config import DTYPES, RUN_FIELDS, ModelConfig, check_run_fields
 from grpo_jax.registry import Params
 from grpo_jax.rewards.functions import RewardConfig
 
@@ -91,9 +91,17 @@ class SamplingConfig:
     # Rows decoded at once (continuous batching: a slot whose row finishes takes the next queued row);
     # 0: all rows of a rollout at once. Samples do not depend on it (bench/long_tail.py measures it).
     decode_slots: int = 0
+    # A controlled sampler/trainer mismatch (the trainer's l^old stays the model's; the gap is logged as
+    # sampler_drift_*), as inference engines have: the sampler's activations and matmul inputs in this dtype
+    # (None: the model's compute_dtype), and Gaussian noise of this std added to every logit it samples from
+    # and reports l^samp under (drawn from the row's step key). The held-out evaluation runs without both.
+    compute_dtype: str | None = None
+    logit_noise: float = 0.0
 
     def __post_init__(self):
         _check("SamplingConfig", {
+            "compute_dtype": (self.compute_dtype in (None, *DTYPES), f"must be None (the model's) or one of {DTYPES}"),
+            "logit_noise": (0 <= self.logit_noise < math.inf, "must be finite and >= 0 (the std of the logits' noise)"),
             "decode_slots": (self.decode_slots >= 0, "must be >= 0 (0: decode all rows of a rollout at once)"),
             "max_prompt_len": (self.max_prompt_len >= 1, "must be >= 1"),
             "max_new_tokens": (self.max_new_tokens >= 1, "must be >= 1"),
@@ -325,6 +333,9 @@ class Config:
             raise ValueError(f"train.eval_benchmarks={self.train.eval_benchmarks!r} and train.eval_samples="
                              f"{self.train.eval_samples} sample one turn (grpo_jax.evaluate); a run with Config.env "
                              "evaluates its held-out set by greedy trajectories: unset them")
+        if self.env is not None and self.sampling.compute_dtype is not None:
+            raise ValueError(f"sampling.compute_dtype={self.sampling.compute_dtype!r} sets the single-turn sampler's dtype; "
+                             "multi-turn rollouts (Config.env) decode in the model's: unset it (or set model.compute_dtype)")
         if self.env is not None and self.train.max_staleness:
             raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
                              "sampled synchronously; set train.max_staleness=0")

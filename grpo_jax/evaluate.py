@@ -334,14 +334,16 @@ def run_benchmarks(cfg: EvalConfig, sets: Sequence[Problems], model: models.Mode
 def held_out_sets(run: Config, examples: Sequence[dict], tokenizer,
                   run_rewards: Sequence[rewards.Reward]) -> list[Problems]:
     """The run's held-out examples as two implicit benchmarks: "greedy" (n = 1) and "sampled" (n =
-    train.eval_samples), rendered with the run's template, sampled with its sampling settings, scored by
-    its rewards (the prompts were checked with the run's: `trainer.check_prompts`)."""
+    train.eval_samples), rendered with the run's template, sampled with its sampling settings (less the
+    sampler's compute_dtype and logit_noise: the policy is measured), scored by its rewards (the prompts
+    were checked with the run's: `trainer.check_prompts`)."""
     chat = getattr(tokenizer, "apply_chat_template", None)
     texts = [data.render(run.template, ex, chat) for ex in examples]
     ids = [tokenizer.encode(t) for t in texts]
     checker = next((name for name, r in zip(run.reward.names, run_rewards) if r.correctness), "")
     return [Problems(Benchmark(mode, run.task, size=len(examples), reward=checker, template=run.template,
-                               sampling=dataclasses.replace(run.sampling, group_size=g, greedy=greedy)),
+                               sampling=dataclasses.replace(run.sampling, group_size=g, greedy=greedy, compute_dtype=None,
+                                                            logit_noise=0.0)),  # the policy's, not the sampler's
                      list(examples), texts, ids, tuple(run_rewards), tuple(run.reward.names), tuple(run.reward.weights))
             for mode, greedy, g in (("greedy", True, 1), ("sampled", False, run.train.eval_samples))]
 

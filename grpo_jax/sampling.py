@@ -110,8 +110,13 @@ def sample(
     temperatures: Float[Array, "batch"] | None = None,
 ) -> tuple[Int[Array, "batch"], Float[Array, "batch"]]:
     """Draws one token per row with its own key; returns it with its tempered full-distribution log-prob.
-    `temperatures`: each row's, instead of `sampling_cfg.temperature`."""
-    tempered = logits.astype(jnp.float32) / (sampling_cfg.temperature if temperatures is None else temperatures[:, None])
+    `temperatures`: each row's, instead of `sampling_cfg.temperature`. `sampling_cfg.logit_noise` = s
+    adds s * N(0, 1) to every logit first, from the key folded with 1 (the draw reads the key itself)."""
+    logits = logits.astype(jnp.float32)
+    if sampling_cfg.logit_noise:
+        noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1), logits.shape[-1:]))(keys)
+        logits = logits + sampling_cfg.logit_noise * noise
+    tempered = logits / (sampling_cfg.temperature if temperatures is None else temperatures[:, None])
     top = jnp.max(tempered, axis=-1, keepdims=True)
     if sampling_cfg.greedy:
         tokens = _argmax(tempered)
@@ -287,6 +292,8 @@ def rollout(
     `transformers` LogitsProcessor; bench/long_tail.py forces completion lengths with it.
     On a mesh, the model's activations are pinned by the sharding rules.
     """
+    if sampling_cfg.compute_dtype is not None:  # the sampler's own precision (SamplingConfig.compute_dtype)
+        cfg = dataclasses.replace(cfg, compute_dtype=sampling_cfg.compute_dtype)
     with sharding.activation_rules(mesh):
         num_prompts, width = prompts.tokens.shape
         g, steps = sampling_cfg.group_size, sampling_cfg.max_new_tokens

@@ -73,6 +73,7 @@ def test_environments_are_chosen_by_name_and_checked():
                             ("train.packing=true", "train.packing lays rows out"),
                             ("algorithm.sampler=repo", "algorithm.sampler='repo' replays stored groups"),
                             ("train.eval_samples=4", "train.eval_samples=4 sample one turn"),
+                            ("sampling.compute_dtype=bfloat16", "sampling.compute_dtype='bfloat16' sets the single-turn"),
                             ("algorithm.routing_replay=sampler", "routing_replay='sampler' replays the experts")):
         with pytest.raises(ValueError, match=message):
             override(cfg, [change])

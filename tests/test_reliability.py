@@ -150,6 +150,10 @@ BAD_INPUTS = {
     "temperature too small for float32": (["sampling.temperature=1e-30"], None, ValueError,
                                           r"SamplingConfig.temperature=1e-30 must be finite and >= 0.001 .*for argmax decoding set "
                                           "sampling.greedy=true"),
+    "unknown sampler dtype": (["sampling.compute_dtype=float16"], None, ValueError,
+                              r"SamplingConfig.compute_dtype='float16' must be None \(the model's\) or one of"),
+    "negative logit noise": (["sampling.logit_noise=-0.1"], None, ValueError, "SamplingConfig.logit_noise=-0.1 must be finite and >= 0"),
+    "label noise of pure noise": (["reward.label_noise=0.5"], None, ValueError, r"RewardConfig.label_noise=0.5 must lie in \[0, 0.5\)"),
     # inputs that used to fail unclearly, late or not at all
     "negative seed": (["train.seed=-1"], None, ValueError, r"TrainConfig.seed=-1 must be in \[0, 2\*\*32\)"),
     "seed beyond uint32": (["train.seed=99999999999"], None, ValueError, r"TrainConfig.seed=99999999999 must be in \[0, 2\*\*32\)"),

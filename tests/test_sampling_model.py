@@ -88,6 +88,22 @@ def test_logprobs_equal_a_recomputation_on_the_finished_sequences(model):
         assert (np.asarray(rollout.lengths)[~stopped] == scfg.max_new_tokens).all()
 
 
+def test_a_bfloat16_sampler_of_a_float32_model_samples_as_the_model_in_bfloat16():
+    """SamplingConfig.compute_dtype='bfloat16' under a float32 model gives the bfloat16 model's rollout bit for
+    bit, whose l^samp differ from the float32 recomputation (the trainer's l^old) by bfloat16 rounding."""
+    params = models.init(DENSE, jax.random.key(0))
+    prompts = pad_prompts(PROMPTS, SCFG)
+    ours = generate(DENSE, params, prompts, jax.random.key(2), dataclasses.replace(SCFG, compute_dtype="bfloat16"))
+    bf16 = generate(dataclasses.replace(DENSE, compute_dtype="bfloat16"), params, prompts, jax.random.key(2), SCFG)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(bf16)):
+        np.testing.assert_array_equal(a, b)
+    tokens, segments = full_sequences(prompts, ours, SCFG.group_size)
+    logits = models.logits(DENSE, params, tokens, segment_ids=segments)[:, SCFG.max_prompt_len - 1 : -1]
+    old = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / SCFG.temperature)), np.asarray(ours.tokens)[..., None], -1)
+    gap = np.abs(np.asarray(ours.logprobs) - old[..., 0])[np.asarray(ours.mask)]
+    assert 1e-4 < gap.mean() < 0.05, gap.mean()
+
+
 def test_moe_sampler_records_the_routes_of_a_full_forward():
     """Routing replay R3: the routes the sampler reports (prompt tokens from the prefill, completion
     tokens from decoding) are those of one forward over the finished sequences, at every token it ran;

@@ -98,6 +98,17 @@ def test_label_noise_flips_the_rounds_correctness_labels_by_its_key(tmp_path):
         trainer.Trainer(dataclasses.replace(cfg, reward=RewardConfig(names=("length",), label_noise=0.3, num_workers=1)))
 
 
+def test_the_samplers_logit_noise_is_the_drift_the_trainer_logs(tmp_path):
+    """sampling.logit_noise = 0.3 (the trainer's l^old clean): |l^samp - l^old| averages a few tenths,
+    about s * E|N(0, 1)| = 0.24 for this near-uniform untrained policy, against float rounding without it."""
+    drift = {}
+    for s in (0.0, 0.3):
+        cfg = config(tmp_path / str(s), "grpo", steps=1)
+        t = trainer.Trainer(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, logit_noise=s)))
+        drift[s] = t.train_step()[0]["sampler_drift_mean"]
+    assert drift[0.0] < 1e-5 and 0.15 < drift[0.3] < 0.4, drift
+
+
 def test_prefix_grouping_through_the_trainer_changes_no_metric(tmp_path):
     """train.prefix_grouper on the trainer's rollout batches (groups in consecutive rows, split into
     2 minibatches with l^old from the grouped forward): every metric of a step as without it."""
