@@ -829,6 +829,10 @@ class Trainer:
         metrics["advantage/mean"] = float(adv.mean()) if adv.size else 0.0
         metrics["advantage/std"] = float(adv.std()) if adv.size else 0.0
         metrics["advantage/zero_frac"] = float((np.abs(adv).reshape(len(adv), -1).max(1) == 0).mean()) if adv.size else 0.0
+        if len(self.cfg.reward.weights) > 1 and adv.ndim == 1 and adv.size:  # does the combination merge outcomes?
+            scores = np.concatenate([sc for _, sc, _ in self.last_rollout["kept"]])
+            combos, values = algorithms.distinct_per_group(scores, adv, self.cfg.sampling.group_size)
+            metrics["advantage/distinct_reward_combos"], metrics["advantage/distinct_values"] = combos, values
         if k:  # l^old under the params that sampled, which the trainer will have moved past
             batches = self.minibatches(batches)
         item = dict(batches=batches, metrics=metrics, last_rollout=self.last_rollout, version=self.version,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _algorithm_cases import advantage_cfg as cfg
 
-from grpo_jax.algorithms import ADVANTAGES, compute_advantages, overlong_penalty, reference
+from grpo_jax.algorithms import ADVANTAGES, compute_advantages, distinct_per_group, overlong_penalty, reference
 
 
 def random_rewards(seed, n_groups=4, g=3, k=1):
@@ -272,3 +272,14 @@ def test_unlikeliness_matches_numpy(name, weights, options):
     off = cfg(name, **options)
     assert (np.asarray(compute_advantages(off, cols, group_ids=ids, reward_weights=weights, sampler_logprobs=lp[perm]))
             == np.asarray(compute_advantages(off, cols, group_ids=ids, reward_weights=weights))).all()
+
+
+def test_distinct_per_group_counts_the_outcomes_a_combination_merges():
+    """Group 1 scores (1, 0), (0, 1), (0, 1), (0, 0): 3 reward combinations; summed first, (1, 0) and (0, 1)
+    share one advantage (2 values), normalized each they do not (group_std per column: (1.5, -0.5, -0.5,
+    -0.5) + (-0.866, 0.866, 0.866, -0.866): 3 values). Group 2 is all (1, 1): 1 and 1 (all 0)."""
+    r = np.array([[1, 0], [0, 1], [0, 1], [0, 0]] + [[1, 1]] * 4, np.float32)
+    for combine, values in (("sum_then_normalize", 1.5), ("normalize_each", 2.0)):
+        adv = np.asarray(compute_advantages(cfg("group_std", reward_combine=combine), r, group_size=4, reward_weights=(1.0, 1.0)))
+        assert distinct_per_group(r, adv, 4) == (2.0, values), combine
+    assert distinct_per_group(r[:4], np.array([0.5, 0.5 + 1e-7, 0.2, -1.0]), 4) == (3.0, 3.0)  # rounding: one value

@@ -65,7 +65,7 @@ def test_unlikeliness_ranks_each_group_by_the_samplers_mean_logprob(tmp_path):
     """The trainer hands compute_advantages each row's mean token l^samp: the rollout batch's advantages
     are the float64 reference's on the drawn rewards and the sampler's log-probs averaged here by hand."""
     t = trainer.Trainer(config(tmp_path, "unlikeliness", steps=1))
-    t.train_step()
+    metrics, _ = t.train_step()
     (s,) = t.last_rollout["drawn"]
     logp, mask = np.asarray(s["rollout"].logprobs, np.float64), np.asarray(s["rollout"].mask)
     mean = np.array([logp[i][mask[i]].mean() for i in range(len(mask))])
@@ -75,6 +75,10 @@ def test_unlikeliness_ranks_each_group_by_the_samplers_mean_logprob(tmp_path):
     assert not np.allclose(want, algorithms.reference.compute_advantages(
         dataclasses.replace(t.cfg.algorithm, unlikeliness=0.0), s["rewards"], np.arange(len(mask)) // 4, None,
         t.cfg.reward.weights))  # the ranks changed the advantages
+    # two rewards: the distinct (exact, length) pairs and advantages of each group, averaged
+    groups = [(s["rewards"][i:i + 4], want[i:i + 4]) for i in range(0, len(want), 4)]
+    assert metrics["advantage/distinct_reward_combos"] == np.mean([len({tuple(r) for r in rg}) for rg, _ in groups])
+    assert metrics["advantage/distinct_values"] == np.mean([len(np.unique(np.round(ag, 4))) for _, ag in groups])
 
 
 def test_label_noise_flips_the_rounds_correctness_labels_by_its_key(tmp_path):

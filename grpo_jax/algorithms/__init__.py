@@ -10,7 +10,7 @@ its fields.
 """
 
 from grpo_jax.algorithms.advantages import (
-    ADVANTAGES, AdvantageParams, advantage, compute_advantages, overlong_penalty, turn_advantages,
+    ADVANTAGES, AdvantageParams, advantage, compute_advantages, distinct_per_group, overlong_penalty, turn_advantages,
 )
 from grpo_jax.algorithms.aggregation import AGGREGATIONS, AggregationParams, Normalizer, aggregation, normalizer
 from grpo_jax.algorithms.config import PRESETS, AlgorithmConfig, preset
@@ -23,6 +23,6 @@ from grpo_jax.algorithms.step_stats import StepStats, needs_step_stats, step_sta
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "LOSSES", "PRESETS", "AdvantageParams", "AggregationParams",
     "AlgorithmConfig", "LossInputs", "LossParams", "LossTerms", "Normalizer", "StepStats", "advantage", "aggregation",
-    "clipped_surrogate", "compute_advantages", "kl_estimator", "loss", "needs_step_stats", "normalizer",
+    "clipped_surrogate", "compute_advantages", "distinct_per_group", "kl_estimator", "loss", "needs_step_stats", "normalizer",
     "overlong_penalty", "policy_loss", "preset", "ratio_by_length", "step_stats", "turn_advantages",
 ]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADVANTAGES", "Advantage", "AdvantageParams", "BatchStd", "Gapo", "GroupStd", "NoiseAware", "Ngrpo", "PassAtK",
-    "ReinforcePp", "Spo", "Standardized", "advantage", "compute_advantages", "min_group_size", "overlong_penalty",
+    "ReinforcePp", "Spo", "Standardized", "advantage", "compute_advantages", "distinct_per_group", "min_group_size", "overlong_penalty",
     "turn_advantages",
 ]
 BATCH_STD_EPS = 1e-6  # normalize_then_sum's batch standardization: std + this
@@ -133,6 +133,21 @@ def compute_advantages(
         valid = group_spread(combined, groups) > 0
         adv = adv * n / jnp.maximum(valid.sum(), 1)
     return adv.astype(jnp.float32)
+
+
+def distinct_per_group(
+    rewards: Float[np.ndarray, "n k"], advantages: Float[np.ndarray, " n"], group_size: int, rtol: float = 1e-5,
+) -> tuple[float, float]:
+    """(distinct reward combinations, distinct advantage values), each averaged over the groups of
+    `group_size` consecutive rows: how far a reward combination collapses distinct outcomes (GDPO,
+    arXiv 2601.05242: sum-then-normalize gives (1, 0) and (0, 1) one advantage). Advantages within
+    rtol * (1 + |A|) of the previous sorted value count as one (normalize_each's sums differ by rounding)."""
+    combos, values = [], []
+    for r, a in zip(rewards.reshape(-1, group_size, rewards.shape[-1]), advantages.reshape(-1, group_size)):
+        combos.append(len(np.unique(r, axis=0)))
+        a = np.sort(a)
+        values.append(1 + int((np.diff(a) > rtol * (1 + np.abs(a[1:]))).sum()))
+    return float(np.mean(combos)), float(np.mean(values))
 
 
 def turn_advantages(
