@@ -333,9 +333,10 @@ class Config:
             raise ValueError(f"train.eval_benchmarks={self.train.eval_benchmarks!r} and train.eval_samples="
                              f"{self.train.eval_samples} sample one turn (grpo_jax.evaluate); a run with Config.env "
                              "evaluates its held-out set by greedy trajectories: unset them")
-        if self.env is not None and self.sampling.compute_dtype is not None:
-            raise ValueError(f"sampling.compute_dtype={self.sampling.compute_dtype!r} sets the single-turn sampler's dtype; "
-                             "multi-turn rollouts (Config.env) decode in the model's: unset it (or set model.compute_dtype)")
+        if self.env is not None and (self.sampling.compute_dtype is not None or self.sampling.logit_noise):
+            raise ValueError(f"sampling.compute_dtype={self.sampling.compute_dtype!r} and sampling.logit_noise="
+                             f"{self.sampling.logit_noise} mismatch the single-turn sampler and trainer; multi-turn rollouts "
+                             "(Config.env) and their held-out trajectories decode as the model: unset them")
         if self.env is not None and self.train.max_staleness:
             raise ValueError(f"train.max_staleness={self.train.max_staleness}: multi-turn rollouts (Config.env) are "
                              "sampled synchronously; set train.max_staleness=0")

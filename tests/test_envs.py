@@ -73,7 +73,8 @@ def test_environments_are_chosen_by_name_and_checked():
                             ("train.packing=true", "train.packing lays rows out"),
                             ("algorithm.sampler=repo", "algorithm.sampler='repo' replays stored groups"),
                             ("train.eval_samples=4", "train.eval_samples=4 sample one turn"),
-                            ("sampling.compute_dtype=bfloat16", "sampling.compute_dtype='bfloat16' sets the single-turn"),
+                            ("sampling.compute_dtype=bfloat16", "sampling.compute_dtype='bfloat16' and sampling.logit_noise=0.0"),
+                            ("sampling.logit_noise=0.1", "sampling.compute_dtype=None and sampling.logit_noise=0.1 mismatch"),
                             ("algorithm.routing_replay=sampler", "routing_replay='sampler' replays the experts")):
         with pytest.raises(ValueError, match=message):
             override(cfg, [change])
