@@ -87,6 +87,33 @@ def test_a_chat_column_with_earlier_turns_goes_through_the_chat_template_and_sys
         data.render(data.PLAIN, example)
 
 
+def test_a_hub_name_is_loaded_by_datasets_with_its_config_and_split(monkeypatch):
+    """A path that is no local file or directory goes to the hub as (name, config, split); offline, the
+    error names task.path and the fix. `datasets.load_dataset` is replaced: this machine has no hub."""
+    import datasets
+
+    rows, calls = datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "#### 2"}]), []
+
+    def hub(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split, kwargs))
+        return rows
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    task = HFTaskConfig(path="openai/gsm8k", name="main", split="train", eval_split="test", prompt="question",
+                        answer_format="gsm8k")
+    train, held_out = task.sources(seed=0)
+    assert sorted(calls) == [("openai/gsm8k", "main", split, {}) for split in ("test", "train")]
+    assert train[0]["answer"] == held_out[0]["answer"] == "2"
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no route to huggingface.co")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(FileNotFoundError, match=r"task.path='openai/gsm8k' \(split '(train|test)'\).*ConnectionError.*point "
+                                                r"task.path at its files"):
+        task.sources(seed=0)
+
+
 def test_bad_datasets_are_refused_naming_the_field_and_the_fix(tmp_path):
     gsm8k = FORMATS["gsm8k"][0]
     with pytest.raises(ValueError, match=r"task.prompt='problem'.*no column 'problem'; its columns: question, answer"):
