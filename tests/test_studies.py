@@ -344,9 +344,10 @@ def test_moe_routing(tmp_path):
     for c in arms.values():
         m = c.model
         assert (m.model_type, m.num_experts, m.num_experts_per_tok, m.num_layers) == ("qwen3_moe", 8, 2, 4)
-    s, summary = run_tiny(moe_routing, tmp_path)
+    # The GRPO arms through the harness (GSPO's go through it in test_gspo_vs_grpo: an MoE program costs minutes).
+    s, summary = run_tiny(moe_routing, tmp_path, arms=("grpo_r2", "grpo"))
     check_outputs(s, summary, tmp_path, moe_routing.claims)
-    # The routing metrics are logged every step for every arm, as fractions; the GRPO arms' ratio on both routes.
+    # The routing metrics are logged every step for every arm, as fractions, with the ratio on both routes.
     stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
     for arm in s.arms:
         rows = [r for r in stored[arm]["0"]["rows"] if "routing/changed_experts_frac" in r]
@@ -357,11 +358,10 @@ def test_moe_routing(tmp_path):
             # a set that changed lost at least one of its k=2 experts: experts changed >= sets changed / 2
             # (the curves keep 4 significant digits)
             assert t / 2 * (1 - 1e-3) <= e <= t * (1 + 1e-3)
-            compared = "routing/log_ratio_abs_mean_own" in r and "routing/log_ratio_abs_mean_replayed" in r
-            assert compared == arm.startswith("grpo"), arm
-            assert not compared or (r["routing/log_ratio_abs_mean_own"] >= 0 and r["routing/log_ratio_abs_mean_replayed"] >= 0)
+            assert r["routing/log_ratio_abs_mean_own"] >= 0 and r["routing/log_ratio_abs_mean_replayed"] >= 0
     assert {c["source"] for c in summary["claims"]} == {"arXiv 2507.18071 (GSPO), sec. 5.3"}
-    assert "not_run" not in [c["verdict"] for c in summary["claims"]]
+    verdicts = [c["verdict"] for c in summary["claims"]]
+    assert "not_run" not in verdicts[:3] and verdicts[3] == "not_run"  # GSPO's claim needs the GSPO arm
 
 
 def test_staleness(tmp_path):
