@@ -207,14 +207,22 @@ class TrainConfig:
     report_to: tuple[str, ...] = ()
     # Bounded staleness (asynchronous RL): the rollout of step t is sampled with the params of step
     # max(0, t - k) while the trainer runs the steps between (on one mesh by JAX's async dispatch, or on
-    # mesh.sampler). l^old is taken under those params, so the loss's ratio sees the staleness and
-    # the rollout correction the sampler/trainer numerics. 0: the synchronous loop.
+    # mesh.sampler). 0: the synchronous loop.
     max_staleness: int = 0
+    # Which params give l^old under max_staleness > 0. "sampler": those that sampled, so the loss's ratio
+    # carries the staleness and the rollout correction (algorithm.tis_level, off_policy_threshold) sees
+    # the sampler/trainer numerics only. "trainer": the trainer's params at the step, before its updates
+    # (AReaL's decoupled objective, arXiv 2505.24298: the proximal policy is the current one, the stale
+    # sampler the behaviour policy), so the ratio starts at 1 and the correction weight exp(l^old - l^samp)
+    # carries the staleness; with no correction, stale samples are trained on as if on-policy.
+    proximal: str = "sampler"
 
     def __post_init__(self):
         _check("TrainConfig", {
             "max_staleness": (self.max_staleness >= 0, "must be >= 0 (0: the synchronous loop; k: rollouts sampled "
                               "with params up to k steps old)"),
+            "proximal": (self.proximal in ("sampler", "trainer"), "must be 'sampler' or 'trainer' (the params that "
+                         "give l^old under max_staleness)"),
             "steps": (self.steps >= 1, "must be >= 1"),
             "seed": (0 <= self.seed < 2**32, "must be in [0, 2**32) (it seeds a uint32 JAX random key); pick another seed"),
             "rollout_seed": (self.rollout_seed is None or 0 <= self.rollout_seed < 2**32,
@@ -306,6 +314,10 @@ class Config:
                 "stale samples is off-policy, uncorrected; set algorithm.tis_level='token' (or 'sequence'), use a ratio "
                 "loss (e.g. ppo_clip), or train.max_staleness=0"
             )
+        if self.train.proximal == "trainer" and not self.train.max_staleness:
+            raise ValueError("train.proximal='trainer' takes l^old under the trainer's params rather than the "
+                             "sampler's, which differ only under bounded staleness; at train.max_staleness=0 they are "
+                             "the same params: set train.proximal='sampler' or train.max_staleness >= 1")
         if self.train.max_staleness and alg.sampler.spec.drift:
             raise ValueError(f"train.max_staleness={self.train.max_staleness} samples rounds before the drift that "
                              f"algorithm.sampler={alg.sampler.name!r} learns from is measured: use train.max_staleness=0 "

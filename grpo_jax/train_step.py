@@ -100,10 +100,10 @@ def on_policy(cfg: Config) -> bool:
     so the params that train are those that sampled. Then l^old = sg(l) from the update's own forward
     (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
     is None. MoE policies keep that pass: it records pi_old's routes (`Batch.routes`) for routing
-    replay and the routing metrics. Never under train.max_staleness > 0: the params that sampled are
-    older than those that train, and l^old is taken under them."""
-    return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1
-            and not any(cfg.model.moe_layers) and not cfg.train.max_staleness)
+    replay and the routing metrics. Under train.max_staleness > 0 only with train.proximal="trainer"
+    (l^old under the params that train); with "sampler" l^old is under the older params that sampled."""
+    return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1 and not any(cfg.model.moe_layers)
+            and not (cfg.train.max_staleness and cfg.train.proximal == "sampler"))
 
 
 def prefix_group(cfg: Config) -> int:

@@ -18,8 +18,9 @@ pieces it calls (`sampling.generate`, `train_step`, `algorithms`). One RL step:
 4. evaluate on held-out prompts (greedy and sampled accuracy, pass@k: the harness of `grpo_jax.evaluate`).
 
 Under `train.max_staleness` = k, steps 1-2 of step t + k run while step t's updates do (the rollout
-sampled with the params of step t, l^old taken under them), optionally on the sampler's own devices
-(`mesh.sampler`): `Trainer.train_step`.
+sampled with the params of step t, l^old taken under them, or with `train.proximal="trainer"` at step
+t + k under the trainer's params then), optionally on the sampler's own devices (`mesh.sampler`):
+`Trainer.train_step`.
 
 The examples and rewards come from the config (a registered task, registered reward names) or are
 passed in code: `Trainer(cfg, examples=[...], held_out=[...], rewards={"name": fn})` with
@@ -715,23 +716,26 @@ class Trainer:
     def minibatches(self, batches: list[ts.Batch]) -> list[ts.Batch]:
         """Attaches l^old (and, for MoE policies, pi_old's routes) to each minibatch of a rollout batch,
         all under the params that sampled them (`sampler_params`: before any update of this step, or
-        under max_staleness those of `self.version`, on the sampler's mesh); none when the updates are
-        on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
+        under max_staleness those of `self.version`, on the sampler's mesh), or under train.proximal =
+        "trainer" the trainer's current params (`policy_params`, called before the step's updates); none
+        when the updates are on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
         cfg = self.cfg
         if ts.on_policy(cfg):
             return batches
+        sampler = cfg.train.proximal == "sampler" and self.sampler_mesh is not None
+        params = self.policy_params if cfg.train.proximal == "trainer" else self.sampler_params
         out = []
         for b in batches:
             if self._recorded:  # a checkpointed rollout replayed: its l^old, saved with it
                 old_logp, routes = self._recorded.pop(0)
             else:
-                on = b if self.sampler_mesh is None else sharding.to_mesh(
+                on = b if not sampler else sharding.to_mesh(
                     b, jax.tree.map(lambda x: sharding.batch_sharding(self.gen_mesh, x.ndim), b))
-                with sharding.activation_rules(self.gen_mesh):
-                    old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, self.sampler_params,
+                with sharding.activation_rules(self.gen_mesh if sampler else self.mesh):
+                    old_logp, routes = ts.old_logprobs(cfg.model, cfg.sampling.temperature, params,
                                                        on.tokens, on.positions, on.segment_ids, on.mask, on.routes,
                                                        group=ts.prefix_group(cfg), packing=on.packing)
-                if self.sampler_mesh is not None:
+                if sampler:
                     old_logp, routes = sharding.to_mesh((old_logp, routes), jax.tree.map(
                         lambda x: sharding.batch_sharding(self.mesh, x.ndim), (old_logp, routes)))
             if self._rounds is not None:
@@ -819,8 +823,9 @@ class Trainer:
 
     def _produce(self, step: int) -> dict:
         """The rollout batch of `step`, sampled now with the sampler's params (`self.version`): its
-        minibatches (with l^old under max_staleness), metrics and host record, and what a checkpoint
-        needs of it while it waits (the host state before it and its sampler outputs, `_rounds`)."""
+        minibatches (with l^old under max_staleness and proximal "sampler"), metrics and host record, and
+        what a checkpoint needs of it while it waits (the host state before it and its sampler outputs,
+        `_rounds`)."""
         k = self.cfg.train.max_staleness
         before = self._host_state()
         self._rounds = [] if k else None
@@ -833,12 +838,18 @@ class Trainer:
             scores = np.concatenate([sc for _, sc, _ in self.last_rollout["kept"]])
             combos, values = algorithms.distinct_per_group(scores, adv, self.cfg.sampling.group_size)
             metrics["advantage/distinct_reward_combos"], metrics["advantage/distinct_values"] = combos, values
-        if k:  # l^old under the params that sampled, which the trainer will have moved past
+        if self._old_ahead:  # l^old under the params that sampled, which the trainer will have moved past
             batches = self.minibatches(batches)
         item = dict(batches=batches, metrics=metrics, last_rollout=self.last_rollout, version=self.version,
                     before=before, rounds=self._rounds)
         self._rounds = None
         return item
+
+    @property
+    def _old_ahead(self) -> bool:
+        """Whether l^old is taken when a rollout is sampled ahead (max_staleness with proximal "sampler"),
+        not when it trains."""
+        return bool(self.cfg.train.max_staleness) and self.cfg.train.proximal == "sampler"
 
     def _host_state(self) -> dict:
         """Copies of what rollouts change on the host: the data position, the sampler's state, the replay store."""
@@ -861,7 +872,7 @@ class Trainer:
         staleness = float(self.step - item["version"])  # one version for all of a batch's rows
         metrics.update({"staleness/mean": staleness, "staleness/max": staleness} if k else {})
         t1 = time.perf_counter()
-        batches = batches if k else self.minibatches(batches)  # l^old: once, fixed for all mu passes
+        batches = batches if self._old_ahead else self.minibatches(batches)  # l^old: once, fixed for all mu passes
         n = self.cfg.algorithm.num_iterations * len(batches)
         # the rate at every optimizer step that this step's updates can reach, read before they run
         learning_rates = [self.learning_rate(self.optimizer_step + j) for j in range(n)]
@@ -960,8 +971,8 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         """The state to save. Under max_staleness, the rollouts sampled ahead are saved as their sampler
-        outputs and l^old (`inflight`), with the host state from before the first of them: a restore
-        rebuilds them from these (`restore`), bit for bit."""
+        outputs and (proximal "sampler") l^old (`inflight`), with the host state from before the first of
+        them: a restore rebuilds them from these (`restore`), bit for bit."""
         rng = jax.device_put(jax.random.key_data(self.rng), NamedSharding(self.mesh, P()))
         state = {"train": self.state, "rng": rng}
         host = self.queue[0]["before"] if self.queue else dict(sampler=self.sampler_state, replay=self.replay)

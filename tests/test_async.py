@@ -1,6 +1,7 @@
 """Bounded staleness (train.max_staleness) and the sampler's own mesh (mesh.sampler), on test_trainer's
 tiny model: k = 0 is the synchronous loop bit for bit; k > 0 samples with params k steps old and takes
-l^old under them; a run killed anywhere with k = 2 resumes bit for bit; 8 devices split 4 + 4."""
+l^old under them, or (train.proximal="trainer") under the trainer's current params, so that the rollout
+correction carries the staleness; a run killed anywhere with k = 2 resumes bit for bit; 8 devices split 4 + 4."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import checkpoint, lora, run, trainer
+from grpo_jax import checkpoint, lora, models, run, trainer
 from grpo_jax.config import Config
 from test_trainer import config, rows
 
@@ -38,19 +39,61 @@ def test_staleness_k_samples_with_params_k_steps_old(tmp_path):
     assert not t.queue  # nothing sampled past train.steps
 
 
+def logprobs(cfg: Config, params, b) -> np.ndarray:
+    """l of a batch's completion tokens from the model's full logits, apart from the train step's forward."""
+    new = b.mask.shape[1]
+    logp = jax.nn.log_softmax(models.logits(cfg.model, params, b.tokens, b.positions, b.segment_ids)
+                              / cfg.sampling.temperature)
+    return np.take_along_axis(np.asarray(logp[:, -new - 1:-1]), np.asarray(b.tokens[:, -new:, None]), -1)[..., 0]
+
+
+@pytest.mark.parametrize("proximal", ["sampler", "trainer"])
+def test_the_proximal_policy_gives_l_old_and_the_correction_its_staleness(proximal, tmp_path, monkeypatch):
+    """l^old equals the sampling params' log-probs ("sampler") or the current params' before the step's
+    updates ("trainer"); only the latter gives token TIS a weight away from 1 and a drift that grows with
+    the staleness (0 at step 0, where the sampler's params are the trainer's)."""
+    cfg = config(tmp_path, "bnpo", steps=4, max_staleness=2, proximal=proximal)  # token TIS: a token loss
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, tis_level="token", tis_cap=10.0))
+    t, seen, minibatches = trainer.Trainer(cfg), [], trainer.Trainer.minibatches
+
+    def checked(self, batches):  # compared when taken: the updates donate the params
+        out = minibatches(self, batches)
+        for b in out:
+            want = logprobs(cfg, self.policy_params if proximal == "trainer" else self.sampler_params, b)
+            np.testing.assert_allclose(np.asarray(b.old_logp), want * np.asarray(b.mask), atol=2e-5)
+        seen.append(self.step)
+        return out
+    monkeypatch.setattr(trainer.Trainer, "minibatches", checked)
+    got = [t.train_step()[0] for _ in range(4)]
+    assert [m["staleness/max"] for m in got] == [0, 1, 2, 2]
+    drift, weight = (np.array([m[key] for m in got]) for key in ("sampler_drift_mean", "tis_weight_mean"))
+    assert drift[0] < 1e-5 and abs(weight[0] - 1) < 1e-5
+    if proximal == "sampler":  # numerics only, at every staleness
+        assert seen == [0, 0, 0, 1] and drift.max() < 1e-5 and np.abs(weight - 1).max() < 1e-5
+    else:
+        assert seen == [0, 1, 2, 3]  # taken at the step that trains
+        assert drift[2:].min() > drift[1] > 100 * drift[0] and np.abs(weight[1:] - 1).min() > 1e-3, (drift, weight)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("async")
-    result = run.train(config(tmp / "run", steps=4, max_staleness=2))
-    (tmp / "run").rename(tmp / "straight")
-    return tmp, result
+    """The uninterrupted run of each train.proximal, run once."""
+    tmp, done = tmp_path_factory.mktemp("async"), {}
+
+    def get(proximal):
+        if proximal not in done:
+            done[proximal] = run.train(config(tmp / "run", steps=4, max_staleness=2, proximal=proximal))
+            (tmp / "run").rename(tmp / f"straight_{proximal}")
+        return tmp, done[proximal]
+    return get
 
 
-@pytest.mark.parametrize("kill_at", [1, 4, 7])  # updates, 2 a step: killed in step 0, 2 or 3, never saved
-def test_a_run_killed_anywhere_with_staleness_2_resumes_bit_for_bit(kill_at, straight, monkeypatch):
+@pytest.mark.parametrize("kill_at, proximal", [(1, "sampler"), (4, "sampler"), (7, "sampler"), (4, "trainer")])
+def test_a_run_killed_anywhere_with_staleness_2_resumes_bit_for_bit(kill_at, proximal, straight, monkeypatch):
     """A kill saves nothing past the last checkpoint (every step), which holds the two rollouts sampled
-    ahead as their sampler outputs and l^old; the resume rebuilds them and goes on as if never stopped."""
-    tmp, reference = straight
+    ahead as their sampler outputs and (proximal "sampler") l^old; the resume rebuilds them and goes on as
+    if never stopped ("trainer" takes l^old from the restored params)."""
+    tmp, reference = straight(proximal)
     update, calls = trainer.Trainer.train_step, []
 
     def killed(self):
@@ -61,19 +104,19 @@ def test_a_run_killed_anywhere_with_staleness_2_resumes_bit_for_bit(kill_at, str
 
     monkeypatch.setattr(trainer.Trainer, "train_step", killed)
     with pytest.raises(RuntimeError, match="killed"):
-        run.train(config(tmp / f"run{kill_at}", steps=4, max_staleness=2))
+        run.train(config(tmp / f"run{kill_at}{proximal}", steps=4, max_staleness=2, proximal=proximal))
     monkeypatch.undo()
-    ckpt = checkpoint.Checkpointer(tmp / f"run{kill_at}" / "checkpoints", 1, 2)
+    ckpt = checkpoint.Checkpointer(tmp / f"run{kill_at}{proximal}" / "checkpoints", 1, 2)
     saved = ckpt.latest_intact()
     if saved:
         versions = [item["version"] for item in ckpt.read_meta(saved)["inflight"]]
         assert versions == [max(0, s - 2) for s in range(saved, min(saved + 2, 4))]  # step s sampled at s - 2
     ckpt.close()
-    resumed = run.train(config(tmp / f"run{kill_at}", steps=4, max_staleness=2))
+    resumed = run.train(config(tmp / f"run{kill_at}{proximal}", steps=4, max_staleness=2, proximal=proximal))
     assert resumed["resumed_from"] == (kill_at // 2 or None)
     for a, b in zip(jax.tree.leaves(reference["params"]), jax.tree.leaves(resumed["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert rows(tmp / f"run{kill_at}") == rows(tmp / "straight")
+    assert rows(tmp / f"run{kill_at}{proximal}") == rows(tmp / f"straight_{proximal}")
 
 
 def split(cfg: Config, sampler=4) -> Config:
@@ -113,6 +156,8 @@ def test_the_sampler_mesh_samples_what_one_mesh_does(tmp_path):
     (lambda c: split(c, 6), "a minibatch of 4 rows does not split over the sampler mesh's 6 batch devices"),
     (lambda c: split(dataclasses.replace(c, train=dataclasses.replace(c.train, packing=True))),
      "set train.packing=False or mesh.sampler=0"),
+    (lambda c: config(c.train.out_dir, proximal="stale"), "TrainConfig.proximal='stale' must be 'sampler' or 'trainer'"),
+    (lambda c: config(c.train.out_dir, proximal="trainer"), "at train.max_staleness=0 they are the same params"),
     (lambda c: config(c.train.out_dir, "rloo", minibatches=1, max_staleness=1),
      "algorithm.loss='reinforce' has no importance ratio and algorithm.tis_level is None"),
 ])
