@@ -4,10 +4,13 @@ under the shared protocol (experiments/protocol.py).
     python experiments/staleness.py [--quick] [--resume] [--rejudge]
 
 Under max_staleness = k, step t trains on the rollout sampled with the params of step t - k, and l^old
-is taken under those params: the loss's ratio pi_theta / pi_(t-k) carries the staleness, and the
-clipping range is what limits an update on stale samples (README, "Asynchronous RL"). So the mechanism
-is visible per step: the trainer's log-prob gap to the sampler (staleness/logprob_gap_mean) and the
-clipped fraction grow with k, GSPO's sequence band (3e-4 / 4e-4) against GRPO's token band (0.2).
+is taken under those params (train.proximal="sampler"): the loss's ratio pi_theta / pi_(t-k) carries the
+staleness, and the clipping range is what limits an update on stale samples (README, "Asynchronous
+RL"). So the mechanism is visible per step: the trainer's log-prob gap to the sampler
+(staleness/logprob_gap_mean) and the clipped fraction grow with k, GSPO's sequence band (3e-4 / 4e-4)
+against GRPO's token band (0.2). Under train.proximal="trainer" (AReaL's decoupled objective) l^old is
+the trainer's params at the step: the ratio is 1 (one update per batch), and the staleness is in the
+rollout correction's weight pi_old / pi_sampler, or nowhere when there is none.
 
 The task is the quickstart's (experiments/configs/quickstart.py: two-operand "+-" arithmetic to 19, the
 2-layer char-level model, answer-only completions of 2 to 4 tokens): the cheapest step there is, and
@@ -20,7 +23,10 @@ thing off-policy. Constant learning rate, no KL.
 Arms, on the same warm start, data and sampling keys per seed:
 - grpo_kK for K in STALENESS: token ratios clipped to [0.8, 1.2];
 - gspo_kK for K in STALENESS but 0: sequence ratios (length-normalized) clipped to [1 - 3e-4, 1 + 4e-4];
-- gspo_token_k0: the null control, on its own rollouts (protocol).
+- gspo_token_k0: the null control, on its own rollouts (protocol);
+- grpo_kMAX_decoupled{,_tis,_seqmask}: GRPO at the largest k under train.proximal="trainer", with no
+  correction, token TIS (truncated at C = 2) and the sequence mask (tis_level sequence, tis_mode mask:
+  a completion whose weight exp(sum_t (l^old - l^samp)) passes C = 2 gets 0, else that weight).
 grpo_k0 is GSPO's k = 0 run too: with one on-policy update the ratio is 1, no clipping acts, and both
 gradients are A_i times the mean over the completion's tokens of grad log pi (the pilot's grpo and gspo
 at k = 0 logged the same reward at every one of 40 steps, and the same held-out accuracies), so a gspo_k0
@@ -29,21 +35,22 @@ would be grpo_k0 again; and at k = 0 GSPO-token's is that gradient as well, so t
 other arm takes its rate (`rate_from`): staleness changes which params sampled, not the objective, and
 each stale arm is the on-policy run made stale.
 
-Cut: the rollout corrections (token TIS, sequence mask), for a reason, not for cost: they weigh
-l^old - l^samp, and l^old is taken under the very params that sampled, so at any k they see the
-sampler/trainer numerics only. Measured in a pilot at k = 8 (seed 0, 40 steps): mean |l^old - l^samp|
-6e-7 (max 2e-5), token TIS's mean weight 1 - 3e-9, and the run's reward and held-out accuracies those of
-the uncorrected run; the table logs the same 6e-7 for every arm. An arm with a correction is the
-uncorrected arm to float rounding, a comparison that cannot fail for the right reason. A correction
-that carries the staleness needs a decoupled objective (l^old under the trainer's params of the step,
-the weight pi_old / pi_sampler): not built.
+Corrections run only under the decoupled proximal: they weigh l^old - l^samp, and with l^old under the
+very params that sampled they see the sampler/trainer numerics only. Measured in a pilot at k = 8 (seed
+0, 40 steps, proximal "sampler"): mean |l^old - l^samp| 6e-7 (max 2e-5), token TIS's mean weight
+1 - 3e-9, and the run's reward and held-out accuracies those of the uncorrected run: a comparison that
+cannot fail for the right reason. GSPO's corrections are not run (cost; its claim is about the coupled
+ratio).
 
 Measured, not guessed (--quick: 2 cores shared with another study's run, load 5.8 to 8.2): a step takes
 0.16-0.22 s at every k (k > 0 adds the l^old forward; sampling ahead overlaps little on 2 cores), a
 60-step run 16 s in all (start-up and evaluations included), the warm start 104 s (350 steps). Full
 study: 6 selection runs (3 rates x 2 seeds) + 10 arms x 8 seeds = 86 runs of STEPS = 240 steps, about
 86 x (5 + 240 x 0.19) s + 104 s = 75 minutes (more under load); run it with --resume. --quick: 2 seeds
-of 60 steps at QUICK_RATE, no selection (not the full protocol): 20 runs, about 7 minutes.
+of 60 steps at QUICK_RATE, no selection (not the full protocol): 20 runs, about 7 minutes. The three
+decoupled arms (one update per batch under proximal "trainer" is `train_step.on_policy`: no l^old forward;
+measured at load 4.4, 0.086 s a step against grpo_k8's 0.098 s) add 3 x 8 runs, about 24 x 50 s = 20
+minutes: about 95 minutes in all (110 runs), 26 runs and about 9 minutes under --quick.
 """
 
 from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
@@ -57,13 +64,17 @@ from warm_start import WarmStart
 OFF_POLICY = "arXiv 2505.22257 (off-policy GRPO)"
 INERTIAL = "arXiv 2606.30789 (Predictable GRPO)"
 GSPO = "arXiv 2507.18071 (GSPO)"
+AREAL = "arXiv 2505.24298 (AReaL)"
 STALENESS = (0, 1, 2, 4, 8)
 MAX = STALENESS[-1]
 NULL = ("grpo_k0", "gspo_token_k0")
 FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "gspo": ["algorithm.preset=gspo"],
             "gspo_token": ["algorithm.preset=gspo_token"]}
+# the decoupled proximal's corrections at MAX (train.proximal="trainer"; tis_cap stays 2)
+CORRECTIONS = {"": [], "_tis": ["algorithm.tis_level=token"],
+               "_seqmask": ["algorithm.tis_level=sequence", "algorithm.tis_mode=mask"]}
 ARMS = {**{f"grpo_k{k}": ("grpo", k) for k in STALENESS}, **{f"gspo_k{k}": ("gspo", k) for k in STALENESS[1:]},
-        "gspo_token_k0": ("gspo_token", 0)}
+        "gspo_token_k0": ("gspo_token", 0), **{f"grpo_k{MAX}_decoupled{c}": ("grpo", MAX) for c in CORRECTIONS}}
 WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
 RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 # Non-inferiority margin in training reward (mean over the run), declared before any run: the pilot's
@@ -104,6 +115,17 @@ CLAIMS = (
         halves=(protocol.Difference(f"training reward over the run at k = {MAX}", reward, f"gspo_k{MAX}", f"grpo_k{MAX}"),
                 protocol.Difference(f"held-out greedy accuracy, last 20%, at k = {MAX}", final_accuracy,
                                     f"gspo_k{MAX}", f"grpo_k{MAX}"))),
+    protocol.Claim(
+        f"Under the decoupled objective, token TIS's weight pi_old / pi_sampler corrects the staleness: at k = {MAX} "
+        "it trains better than no correction, and no worse than on-policy",
+        source=f"{AREAL}, the decoupled PPO objective (proximal policy = the trainer's, behaviour policy = the stale "
+               "sampler's)",
+        paper="a staleness-enhanced PPO variant handles outdated training samples, with matched or improved final "
+              "performance against synchronous training",
+        halves=(protocol.Difference(f"training reward over the run at k = {MAX}, token TIS minus none", reward,
+                                    f"grpo_k{MAX}_decoupled_tis", f"grpo_k{MAX}_decoupled"),
+                protocol.Difference(f"training reward over the run, token TIS at k = {MAX} no worse than k = 0 by "
+                                    f"{MARGIN}", reward, f"grpo_k{MAX}_decoupled_tis", "grpo_k0", at_least=-MARGIN))),
 )
 
 
@@ -119,9 +141,17 @@ TABLE = {
     "trainer-sampler log-prob gap, max": lambda r: r.mean("staleness/logprob_gap_max"),
     "clipped token fraction": lambda r: r.mean("clip_frac_tokens"),
     "|l^old - l^samp|, mean (what a rollout correction weighs)": lambda r: r.mean("sampler_drift_mean"),
+    "correction weight, mean (where one runs)": lambda r: r.mean("tis_weight_mean"),
+    "correction's zeroed fraction (where one runs)": lambda r: r.mean("tis_masked_frac"),
     "collapsed (fraction of seeds)": protocol.collapsed,
     "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
+
+
+def decoupled(arm: str) -> list[str]:
+    """The overrides of a decoupled arm (l^old under the trainer's params, and its correction); none else."""
+    _, sep, correction = arm.partition("_decoupled")
+    return ["train.proximal=trainer", *CORRECTIONS[correction]] if sep else []
 
 
 def get_study(quick: bool) -> study.Study:
@@ -132,7 +162,8 @@ def get_study(quick: bool) -> study.Study:
     ])
     return study.Study(
         name="staleness",
-        arms={arm: override(base, [*FAMILIES[family], f"train.max_staleness={k}"]) for arm, (family, k) in ARMS.items()},
+        arms={arm: override(base, [*FAMILIES[family], f"train.max_staleness={k}", *decoupled(arm)])
+              for arm, (family, k) in ARMS.items()},
         **study.sized(quick, RATES),
         rate_from={arm: ("grpo_k0", 1.0) for arm in ARMS if arm not in NULL},
         null_pair=NULL,

@@ -366,12 +366,18 @@ def test_moe_routing(tmp_path):
 
 def test_staleness(tmp_path):
     # GRPO and GSPO at every k (GSPO's k = 0 run is GRPO's: one on-policy update, ratio 1), the null pair
-    # at k = 0; the rate chosen once, on grpo_k0, and followed by every other arm; one on-policy update per rollout
-    # batch, so staleness is all that is off-policy.
+    # at k = 0, GRPO at k = 8 under the decoupled proximal with each correction; the rate chosen once, on
+    # grpo_k0, and followed by every other arm; one on-policy update per rollout batch, so staleness is all
+    # that is off-policy.
     full = staleness.get_study(quick=False)
-    arms = {a: (c.algorithm.loss.name, c.train.max_staleness) for a, c in full.arms.items()}
-    assert arms == {**{f"grpo_k{k}": ("ppo_clip", k) for k in (0, 1, 2, 4, 8)},
-                    **{f"gspo_k{k}": ("gspo", k) for k in (1, 2, 4, 8)}, "gspo_token_k0": ("gspo_token", 0)}
+    arms = {a: (c.algorithm.loss.name, c.train.max_staleness, c.train.proximal, c.algorithm.tis_level, c.algorithm.tis_mode)
+            for a, c in full.arms.items()}
+    coupled = ("sampler", None, "truncate")
+    assert arms == {**{f"grpo_k{k}": ("ppo_clip", k, *coupled) for k in (0, 1, 2, 4, 8)},
+                    **{f"gspo_k{k}": ("gspo", k, *coupled) for k in (1, 2, 4, 8)}, "gspo_token_k0": ("gspo_token", 0, *coupled),
+                    "grpo_k8_decoupled": ("ppo_clip", 8, "trainer", None, "truncate"),
+                    "grpo_k8_decoupled_tis": ("ppo_clip", 8, "trainer", "token", "truncate"),
+                    "grpo_k8_decoupled_seqmask": ("ppo_clip", 8, "trainer", "sequence", "mask")}
     assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(1, 1, 0.0)}
     assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo_k0", "gspo_token_k0")
     assert list(study.trials(full)) == [f"grpo_k0@{lr:g}" for lr in full.learning_rates]
@@ -380,16 +386,22 @@ def test_staleness(tmp_path):
     check_outputs(s, summary, tmp_path, staleness.claims)
     # A stale arm logs its staleness and the trainer's log-prob gap to the sampler (numerics only at the first
     # step, whose rollout the initial params sampled, STEPS = 2 < k; one update's drift at the second), a
-    # synchronous one neither.
+    # synchronous one neither; what a correction weighs is that drift under the decoupled proximal, else numerics.
     stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
     for arm, cfg in s.arms.items():
         rows = [r for r in stored[arm]["0"]["rows"] if r["step"] > 0]
         k = cfg.train.max_staleness
         assert [r.get("staleness/mean") for r in rows] == ([0.0, 1.0] if k else [None, None]), arm
         assert k == 0 or rows[0]["staleness/logprob_gap_mean"] < 1e-4 < rows[1]["staleness/logprob_gap_mean"], arm
-        assert all(r["sampler_drift_mean"] < 1e-4 for r in rows), arm  # what a correction would weigh: numerics
+        drift = [r["sampler_drift_mean"] for r in rows]
+        if cfg.train.proximal == "trainer":
+            assert drift[0] < 1e-4 < drift[1] and drift[1] == pytest.approx(rows[1]["staleness/logprob_gap_mean"]), arm
+        else:
+            assert max(drift) < 1e-4, arm
+        weight = [r.get("tis_weight_mean") for r in rows]
+        assert weight == [None, None] if cfg.algorithm.tis_level is None else abs(weight[1] - 1) > 1e-4, arm
     assert [c["source"].split(" (")[0] for c in summary["claims"]] == ["arXiv 2505.22257", "arXiv 2606.30789",
-                                                                       "arXiv 2507.18071"]
+                                                                       "arXiv 2507.18071", "arXiv 2505.24298"]
     assert "not_run" not in [c["verdict"] for c in summary["claims"]]
 
 
