@@ -123,15 +123,17 @@ def split(cfg: Config, sampler=4) -> Config:
     return dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, sampler=sampler))
 
 
-@pytest.mark.parametrize("rank", [0, 4])
-def test_the_sampler_mesh_holds_its_own_copy_on_its_own_devices(rank, tmp_path):
-    """8 devices split 4 + 4; under LoRA only the adapters move each step (the base moved once)."""
-    cfg = split(dataclasses.replace(config(tmp_path, max_staleness=1), lora=lora.LoraConfig(rank=rank)))
+@pytest.mark.parametrize("rank, proximal", [(0, "sampler"), (4, "sampler"), (4, "trainer")])
+def test_the_sampler_mesh_holds_its_own_copy_on_its_own_devices(rank, proximal, tmp_path):
+    """8 devices split 4 + 4; under LoRA only the adapters move each step (the base moved once); proximal
+    "trainer" takes l^old on the trainer's devices."""
+    cfg = split(dataclasses.replace(config(tmp_path, max_staleness=1, proximal=proximal), lora=lora.LoraConfig(rank=rank)))
     t = trainer.Trainer(cfg)
     sampler, trainer_devices = set(jax.devices()[:4]), set(jax.devices()[4:])
     for step in range(2):
         metrics, _ = t.train_step()
         assert np.isfinite(metrics["loss"]) and metrics["staleness/max"] == step
+        assert (metrics["sampler_drift_mean"] > 1e-4) == (proximal == "trainer" and step == 1), metrics["sampler_drift_mean"]
     assert {d for x in jax.tree.leaves(t.state) for d in x.devices()} == trainer_devices
     assert {d for x in jax.tree.leaves(t.sampler_params) for d in x.devices()} == sampler
     assert jax.tree.structure(t._sampled) == jax.tree.structure(t.state.params)  # adapters, under LoRA
