@@ -3,9 +3,11 @@
 The quickstart config, shrunk by --set, through the command line. The two-process run is killed
 (SIGKILL) once its first checkpoint is complete, then rerun: it resumes in two processes, and a copy of
 the killed run resumes in this process (8 devices). Every run must log the per-step metrics of one
-uninterrupted run in this process.
+uninterrupted run in this process; with a stateful prompt sampler (GDRO), every process of every run
+must also draw from the same sampler state, and choose the same prompts, as that run.
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import models, run
+from grpo_jax.data import curricula
 from grpo_jax.train import parse_args
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -149,24 +152,80 @@ def test_two_processes_log_what_one_does_and_resume_after_a_kill(tmp_path):
 
 
 # The sampler on a mesh of its own (the first 2 devices of each process; 4 in one process), rollouts
-# sampled up to 2 steps ahead; unpacked (the packed layout is planned for the trainer's devices).
-ASYNC = [s for s in SETS if s != "train.packing=true"] + ["mesh.sampler=4", "train.max_staleness=2"]
+# sampled up to 2 steps ahead; unpacked (the packed layout is planned for the trainer's devices). The
+# prompts from GDRO's stateful sampler (data.curricula.Gdro): bins by each prompt's success rate, a
+# bandit over them, square-root slot allocation; with a fifth of the exact-match labels flipped
+# (reward.label_noise, drawn from the round's key) so that an untrained model's prompts do succeed.
+ASYNC = [s for s in SETS if s != "train.packing=true"] + ["mesh.sampler=4", "train.max_staleness=2",
+                                                           "algorithm.sampler=gdro", "reward.label_noise=0.2"]
+
+
+def recording(choose, prefix: str):
+    """`choose` (a sampler's method), which also appends what it was given and chose to
+    PREFIX.PROCESS.jsonl: the OS process (one per launch), the data position, a digest of each state
+    array (dtype, shape, bytes), the state's trials and successes, the prompts and their samples."""
+    def recorded(self, state, draw):
+        choice = choose(self, state, draw)
+        digest = {k: hashlib.sha256(f"{v.dtype.str}{v.shape}".encode() + np.ascontiguousarray(v).tobytes()).hexdigest()
+                  for k, v in sorted(state.items())}
+        line = {"pid": os.getpid(), "position": draw.position, "state": digest,
+                "trials": int(state["trials"].sum()), "successes": int(state["successes"].sum()),
+                "indices": np.asarray(choice.indices).tolist(), "samples": np.asarray(choice.samples).tolist()}
+        with open(f"{prefix}.{jax.process_index()}.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+        return choice
+    return recorded
+
+
+# `python -c RECORDED PREFIX ARGS...`: python -m grpo_jax.train ARGS, GDRO's choices recorded (`recording`).
+RECORDED = f"""
+import sys
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+from test_distributed import recording
+from grpo_jax import train
+from grpo_jax.data import curricula
+curricula.Gdro.choose = recording(curricula.Gdro.choose, sys.argv[1])
+train.main(sys.argv[2:])
+"""
+
+
+def launches(prefix: pathlib.Path, process: int) -> list[list[dict]]:
+    """One process's recorded choices, a list per launch (without the OS process)."""
+    runs = {}
+    for r in read_jsonl(pathlib.Path(f"{prefix}.{process}.jsonl")):
+        runs.setdefault(r.pop("pid"), []).append(r)
+    return list(runs.values())
 
 
 @pytest.mark.slow  # minutes of CPU: three runs' compilations, two of them in two processes at once
-def test_two_processes_with_a_sampler_mesh_and_staleness_2_resume_after_a_kill(tmp_path):
+def test_two_processes_with_a_sampler_mesh_and_staleness_2_resume_after_a_kill(tmp_path, monkeypatch):
     """The params move trainer -> sampler across processes after every step; the kill leaves two
-    rollouts in flight in checkpoint 1, which the 2-process resume rebuilds: one process's metrics."""
+    rollouts in flight in checkpoint 1, which the 2-process resume rebuilds: one process's metrics. The
+    stateful prompt sampler takes the same decisions in both processes, from the same state, as in one
+    process, and the resume (from the state saved before the rollouts in flight) continues them exactly."""
+    monkeypatch.setattr(curricula.Gdro, "choose", recording(curricula.Gdro.choose, str(tmp_path / "chosen")))
     reference = run.train(parse_args(argv(tmp_path / "reference", ASYNC)))  # 1 process x (4 + 4) devices
     want = rows(tmp_path / "reference")
     assert [r["staleness/max"] for r in want if "staleness/max" in r] == [0, 1, 2, 2]
+    (chosen,) = launches(tmp_path / "chosen", 0)
+    assert [c["position"] for c in chosen] == [0, 1, 2, 3]  # one round a step
+    # decisions from a state that learns each round's results (successes among them)
+    assert chosen[-1]["trials"] > chosen[1]["trials"] > 0 and chosen[-1]["successes"] > 0
+    assert len({json.dumps(c["state"]) for c in chosen}) == 4
     two = tmp_path / "two"
-    procs = launch(two, 2, ASYNC)
+    command = ["-c", RECORDED, str(tmp_path / "two_chosen"), *argv(two, ASYNC)]
+    procs = cluster(command, 2, two)
     kill_after_first_checkpoint(procs, two)
-    procs = launch(two, 2, ASYNC)
+    procs = cluster(command, 2, two)
     finish(procs, two)
     assert_same_metrics(rows(two), want)
     assert (two / "hf").is_dir() and reference["resumed_from"] is None
+    (killed0, resumed0), (killed1, resumed1) = (launches(tmp_path / "two_chosen", i) for i in range(2))
+    n = min(len(killed0), len(killed1))  # the kill may stop one process a round before the other
+    assert n >= 3 and killed0[:n] == killed1[:n] and resumed0 == resumed1  # the two processes agree
+    assert [c["position"] for c in resumed0] == [1, 2, 3]  # the rounds in flight at step 1, redrawn, then 3
+    for c in killed0 + killed1 + resumed0:  # bit for bit the state and the choices of one process
+        assert c == chosen[c["position"]], c["position"]
 
 
 def read_jsonl(path: pathlib.Path) -> list[dict]:
