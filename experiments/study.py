@@ -33,9 +33,9 @@ A study is one script, experiments/NAME.py: its config as code, its claims decla
   rate on `Study.selection_seeds`, runs/NAME/selection/ARM@RATE/seedS; each arm's rate is chosen by
   `Study.select` (the null pair's second takes its first's);
 - per seed (or once, with `Study.warm_start_seed`), a supervised warm start (experiments/warm_start.py;
-  `Study.warm_start`: one for every arm, one per arm, or None for the random init) for each distinct (warm start, model, task,
-  tokenizer, template, prompt and completion lengths, held-out size): the arms of a seed that share
-  them start from the same params;
+  `Study.warm_start`: one for every arm, one per arm, or None for the random init) for each distinct
+  (warm start, model, task, tokenizer, template, prompt and completion lengths, held-out size): the arms
+  of a seed that share them start from the same params;
 - every arm x seed through `grpo_jax.run.train` with train.seed = the seed (model init, data order,
   held-out draw, sampling: the same for every arm) and train.out_dir = runs/NAME/ARM/seedS, deleted
   first: a fresh run, never a resume of another. With `--resume` (a study that was stopped) it is kept:
