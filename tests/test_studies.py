@@ -1,7 +1,7 @@
 """Smoke tests of the reproductions (experiments/*.py): each study through its own code path at a tiny
 size (its quick arms, one seed, 2 steps of 8 prompts, or enough for a minibatch per device, x 4 samples),
-checking what it writes and that the numbers are sane. Compilation dominates: about a dozen programs per study (warm start, samplers, one
-train step per arm)."""
+checking what it writes and that the numbers are sane. Compilation dominates: about a dozen programs per
+study (warm start, samplers, one train step per arm)."""
 
 import dataclasses
 import json
