@@ -101,8 +101,7 @@ CLAIMS = (
 ARMS = ("grpo", "dapo", "gmpo", "sapo", *NULL)  # the claims' arms and the null pair
 
 
-def claims(results: study.Results) -> list[dict]:
-    return [protocol.judge(c, results, NULL) for c in CLAIMS]
+claims = protocol.judging(CLAIMS, NULL)
 
 
 def accuracy_area(run):

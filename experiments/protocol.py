@@ -227,6 +227,11 @@ def judge(claim: Claim, results, null_pair: tuple[str, str] | None) -> dict:
             "measured": measured, "verdict": verdict, "halves": halves}
 
 
+
+def judging(claims: tuple[Claim, ...], null_pair: tuple[str, str] | None):
+    """A study's `claims(results)`: each of `claims` judged under the null pair, in order."""
+    return lambda results: [judge(c, results, null_pair) for c in claims]
+
 def smoothed(values: np.ndarray, frac: float = 0.1) -> np.ndarray:
     w = max(1, int(round(frac * len(values))))
     return np.convolve(values, np.ones(w) / w, mode="valid") if len(values) > w else values

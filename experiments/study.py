@@ -20,8 +20,7 @@ A study is one script, experiments/NAME.py: its config as code, its claims decla
             plots=(study.Plot("curves", ("reward/mean", "eval/accuracy_greedy")),),
         )
 
-    def claims(results: study.Results) -> list[dict]:
-        return [protocol.judge(c, results, ("gspo", "gspo_token")) for c in CLAIMS]
+    claims = protocol.judging(CLAIMS, ("gspo", "gspo_token"))  # claims(results): each verdict
 
     if __name__ == "__main__":
         study.main(get_study, claims)
