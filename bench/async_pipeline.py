@@ -16,7 +16,8 @@ and 8B on 8 and 64 H100s, the devices split in halves. Train and generation time
 plan's time model (`scale_plan.step_seconds`): train = its FLOPs (bench/roofline.py) at MFU x peak over
 the trainer's devices; generation = each decode step's max of reading the sampler's weights from HBM
 and its FLOPs at MFU x peak (the prefill by FLOPs); transfer = the params (float32, as trained) into
-each sampler device, which holds them whole (mesh.sampler splits rows only), at its ingress bandwidth.
+each sampler device, which holds them whole (mesh.sampler splits rows only), at its ingress bandwidth
+(`scale_plan.transfer`, which also models bfloat16 and LoRA's adapters on v5e, v5p and H100).
 Synchronous on all devices: gen + train; pipelined on the split (sampler + trainer devices) with the
 shortest step: max(gen, train) + transfer. The hardware numbers are the vendor's peak figures, the MFU
 an assumption: rules of thumb, not measurements. Writes bench/results/async_pipeline[_<overrides>].json.
@@ -37,9 +38,7 @@ from bench import roofline, scale_plan, workload  # noqa: E402
 from bench.common import RESULTS  # noqa: E402
 
 GIB = 2**30
-# H100 SXM: the time model's peak and HBM bandwidth, per-GPU ingress over NVLink (8 in a node) and over
-# the node's InfiniBand (400 Gb/s per GPU) once the sampler's and trainer's devices sit in other nodes
-H100 = dict(scale_plan.CHIPS["H100"], link_bytes_per_s={8: 450e9, 64: 50e9}, memory_gib=80)
+H100 = dict(scale_plan.CHIPS["H100"], memory_gib=80)  # the time model's figures (peaks, HBM, NVLink, InfiniBand)
 MFU = scale_plan.MFU
 
 
@@ -65,22 +64,16 @@ def measure(steps: int, sets: list[str]) -> list[dict]:
 
 def model(name: str, devices: int) -> dict:
     """The pipeline model of one (model, device count) of the memory plan."""
-    import jax
-
-    from grpo_jax import models
-
-    cfg = scale_plan.model_configs()[name]
-    params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))))
     gen = lambda n: scale_plan.step_seconds(name, n, "H100")["gen_s"]  # noqa: E731
     train = lambda n: scale_plan.step_seconds(name, n, "H100")["train_s"]  # noqa: E731
-    transfer_bytes = 4 * params  # float32 params, whole on every sampler device
-    transfer = transfer_bytes / H100["link_bytes_per_s"][devices]
+    move = scale_plan.transfer(name, devices, "H100")
+    transfer, transfer_bytes = move["f32_s"], move["f32_bytes"]  # float32 params, whole on every sampler device
     sync = gen(devices) + train(devices)
     sampler = min((n for n in range(1, devices) if devices % n == 0),  # the split of the shortest pipelined step
                   key=lambda n: max(gen(n), train(devices - n)))
     piped = max(gen(sampler), train(devices - sampler)) + transfer
-    return dict(model=name, devices=devices, split=f"{sampler}+{devices - sampler}", params=params, gen_s=gen(devices),
-                train_s=train(devices), gen_split_s=gen(sampler), train_split_s=train(devices - sampler),
+    return dict(model=name, devices=devices, split=f"{sampler}+{devices - sampler}", params=scale_plan.param_count(name),
+                gen_s=gen(devices), train_s=train(devices), gen_split_s=gen(sampler), train_split_s=train(devices - sampler),
                 transfer_s=transfer, transfer_gib=transfer_bytes / GIB, sampler_weights_gib_per_device=transfer_bytes / GIB,
                 synchronous_step_s=sync, pipelined_step_s=piped, speedup=sync / piped)
 

@@ -28,6 +28,13 @@ peak figures (CHIPS) at an assumed MFU. Train = its FLOPs (bench/roofline.py) at
 devices; generation = the prefill by FLOPs, then per decode step the slower of reading the bf16 weights
 (whole on every device: the sampler gathers them over fsdp) and its FLOPs. Rules of thumb, not
 measurements: no communication, no host work, every completion at its full length.
+
+Transfer, modelled (`transfer`; `--time` prints it and writes results/scale_plan_time.json): what each
+device of a disjoint sampler mesh (mesh.sampler) receives per update. It splits rows only, so each holds
+the whole weights (grpo_jax/trainer.py `_publish`): today the float32 params as trained, or under LoRA
+only the float32 adapters (the float32 base moves once, at start, and is what the sampler holds besides);
+bfloat16, what the sampler's matmuls read, would halve the full transfer. Seconds = bytes at the chip's
+vendor ingress bandwidth, no latency or contention; modelled, not measured (issue 38).
 """
 
 import argparse
@@ -53,10 +60,15 @@ MESHES = {
 }
 
 
-# Dense bf16 FLOP/s and HBM bytes/s per chip (vendor figures), and the MFU the time model assumes
-CHIPS = {"v5e": dict(peak_flops=197e12, hbm_bytes_per_s=819e9), "v5p": dict(peak_flops=459e12, hbm_bytes_per_s=2.765e12),
-         "H100": dict(peak_flops=989e12, hbm_bytes_per_s=3.35e12)}
+# Per chip, vendor figures: dense bf16 FLOP/s, HBM bytes/s, and the ingress a sampler device receives the
+# weights at: half the bidirectional ICI per chip of TPU v5e (400 GB/s, slices up to 256 chips) and v5p
+# (1,200 GB/s; cloud.google.com/tpu/docs/v5e, /v5p), H100 SXM's NVLink among the 8 GPUs of a node (900 GB/s
+# bidirectional), past a node its 400 Gb/s InfiniBand NIC. And the MFU the time model assumes.
+CHIPS = {"v5e": dict(peak_flops=197e12, hbm_bytes_per_s=819e9, link_bytes_per_s=200e9),
+         "v5p": dict(peak_flops=459e12, hbm_bytes_per_s=2.765e12, link_bytes_per_s=600e9),
+         "H100": dict(peak_flops=989e12, hbm_bytes_per_s=3.35e12, link_bytes_per_s=450e9, node=8, network_bytes_per_s=50e9)}
 MFU = 0.4
+LORA_RANK = 32  # experiments/configs/gsm8k_lora.py
 
 
 def model_configs():
@@ -145,36 +157,71 @@ def cell(name: str, devices: int, moe_impl: str, max_new_tokens: int = 0, slots_
     return out
 
 
+def param_count(name: str, lora_rank: int = 0) -> int:
+    """The model's parameters, or with `lora_rank` its adapters' (every target of `lora.TARGETS`)."""
+    import jax
+
+    from grpo_jax import lora, models
+
+    cfg = model_configs()[name]
+    tree = lora.specs(cfg, lora.LoraConfig(rank=lora_rank)) if lora_rank else jax.eval_shape(
+        lambda: models.init(cfg, jax.random.key(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, models.ParamSpec)))
+
+
+def transfer(name: str, devices: int, chip: str, lora_rank: int = LORA_RANK) -> dict[str, float]:
+    """Per update, the bytes and seconds into each sampler device (float32 as trained, bfloat16, LoRA's
+    float32 adapters), and the bytes it holds for the weights (module docstring: the transfer)."""
+    hw, params, adapters = CHIPS[chip], param_count(name), param_count(name, lora_rank)
+    link = hw["network_bytes_per_s"] if devices > hw.get("node", devices) else hw["link_bytes_per_s"]
+    sent = dict(f32=4 * params, bf16=2 * params, lora=4 * adapters)
+    held = dict(f32=4 * params, bf16=2 * params, lora=4 * (params + adapters))
+    return dict(link_bytes_per_s=link, **{f"{k}_bytes": v for k, v in sent.items()},
+                **{f"{k}_s": v / link for k, v in sent.items()}, **{f"{k}_held_bytes": v for k, v in held.items()})
+
+
 def step_seconds(name: str, devices: int, chip: str, mfu: float = MFU) -> dict[str, float]:
     """{"gen_s", "train_s", "step_s"} of one synchronous step of the planned run on `devices` chips
     (module docstring: the time model)."""
-    import jax
-
     from bench import roofline
-    from grpo_jax import models
     from grpo_jax.train import load_config
 
     cfg, hw = model_configs()[name], CHIPS[chip]
     base = load_config(ROOT / "experiments" / "configs" / "gsm8k.py")
     s, prompts, flops = base.sampling, base.train.prompts_per_step, devices * hw["peak_flops"] * mfu
-    params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(lambda: models.init(cfg, jax.random.key(0)))))
+    params = param_count(name)
     decode = lambda new: roofline.decode_flops(cfg, prompts, s.group_size, s.max_prompt_len, new)  # noqa: E731
     gen = decode(1) / flops + (s.max_new_tokens - 1) * max(2 * params / hw["hbm_bytes_per_s"], (decode(2) - decode(1)) / flops)
     train = roofline.train_flops(cfg, prompts * s.group_size, s.max_prompt_len + s.max_new_tokens, s.max_new_tokens) / flops
     return dict(gen_s=gen, train_s=train, step_s=gen + train)
 
 
-def time_table(devices: tuple[int, ...] = (8, 64)) -> str:
-    """The modelled step (gen + train seconds) per model, device count and chip, and 500 steps in hours."""
+def time_plan(devices: tuple[int, ...] = (8, 64), transfer_models: tuple[str, ...] = ("Qwen3-1.7B", "Qwen3-8B")) -> dict:
+    """The time model's rows: the step of every model, the transfer of `transfer_models` (issue 38's cells)."""
+    cells = lambda names: [(name, n, c) for name in names for n in devices for c in CHIPS]  # noqa: E731
+    return dict(mfu=MFU, chips=CHIPS, lora_rank=LORA_RANK,
+                steps=[dict(model=m, devices=n, chip=c, **step_seconds(m, n, c)) for m, n, c in cells(model_configs())],
+                transfer=[dict(model=m, devices=n, chip=c, **transfer(m, n, c)) for m, n, c in cells(transfer_models)])
+
+
+def time_table(plan: dict) -> str:
+    """`time_plan` as two tables: the step (gen + train seconds) per model, device count and chip, and 500
+    steps in hours; the transfer per update to a sampler device, and the weights it holds."""
     lines = ["| model | devices | " + " | ".join(f"{c} step s (gen + train) | {c} 500 steps h" for c in CHIPS) + " |",
              "|" + "---|" * (2 + 2 * len(CHIPS))]
-    for name in model_configs():
-        for n in devices:
-            t = {c: step_seconds(name, n, c) for c in CHIPS}
-            lines.append(f"| {name} | {n} | " + " | ".join(
-                f"{r['step_s']:.2f} ({r['gen_s']:.2f} + {r['train_s']:.2f}) | {500 * r['step_s'] / 3600:.2f}"
-                for r in t.values()) + " |")
-    return f"modelled at MFU {MFU} on vendor peaks\n" + "\n".join(lines)
+    for i in range(0, len(plan["steps"]), len(CHIPS)):
+        row = plan["steps"][i:i + len(CHIPS)]
+        lines.append(f"| {row[0]['model']} | {row[0]['devices']} | " + " | ".join(
+            f"{r['step_s']:.2f} ({r['gen_s']:.2f} + {r['train_s']:.2f}) | {500 * r['step_s'] / 3600:.2f}" for r in row) + " |")
+    lines += ["", f"transfer per update into each sampler device (mesh.sampler), LoRA rank {plan['lora_rank']}",
+              "| model | devices | chip | link GB/s | f32 GiB | f32 s | bf16 s | LoRA MiB | LoRA s "
+              "| held GiB / device (f32 / bf16 / LoRA) |", "|" + "---|" * 10]
+    for r in plan["transfer"]:
+        lines.append(f"| {r['model']} | {r['devices']} | {r['chip']} | {r['link_bytes_per_s'] / 1e9:.0f} "
+                     f"| {r['f32_bytes'] / GIB:.1f} | {r['f32_s']:.3f} | {r['bf16_s']:.3f} | {r['lora_bytes'] / 2**20:.0f} "
+                     f"| {r['lora_s']:.4f} | {r['f32_held_bytes'] / GIB:.1f} / {r['bf16_held_bytes'] / GIB:.1f} "
+                     f"/ {r['lora_held_bytes'] / GIB:.1f} |")
+    return f"modelled at MFU {plan['mfu']} on vendor peaks\n" + "\n".join(lines)
 
 
 def run_cell(name: str, devices: int, moe_impl: str, max_new_tokens: int, slots_per_device: int) -> dict:
@@ -228,10 +275,15 @@ def main():
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--max-new-tokens", type=int, default=0, help="completion length (0: the gsm8k config's)")
     parser.add_argument("--slots-per-device", type=int, default=0, help="decode slots per device holding rows (0: all rows)")
-    parser.add_argument("--time", action="store_true", help="print the modelled step times (nothing compiled)")
+    parser.add_argument("--time", action="store_true",
+                        help="print the modelled step and transfer times, write results/scale_plan_time.json (nothing compiled)")
     args = parser.parse_args()
     if args.time:
-        print(time_table())
+        plan = time_plan()
+        print(time_table(plan))
+        out = OUT.with_name("scale_plan_time.json")
+        out.write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **plan), indent=2) + "\n")
+        print(f"wrote {out}")
         return
     long = (args.max_new_tokens, args.slots_per_device)
     if args.cell:  # jax is imported after this: the simulated device count takes effect
