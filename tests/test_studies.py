@@ -21,6 +21,7 @@ from grpo_jax.rewards import functions
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "experiments"))
 
 import gspo_vs_grpo  # noqa: E402
+import infra_mismatch  # noqa: E402
 import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
 import preset_table  # noqa: E402
@@ -404,6 +405,35 @@ def test_staleness(tmp_path):
                                                                        "arXiv 2507.18071", "arXiv 2505.24298"]
     assert "not_run" not in [c["verdict"] for c in summary["claims"]]
 
+
+def test_infra_mismatch(tmp_path):
+    # GRPO and GSPO with the matched, bfloat16 and noisy sampler, each family's correction under the noise, the
+    # null pair on the matched GSPO; rates chosen on grpo and gspo, followed by their mismatched arms.
+    full = infra_mismatch.get_study(quick=False)
+    arms = {a: (c.algorithm.loss.name, c.sampling.compute_dtype, c.sampling.logit_noise, c.algorithm.tis_level,
+                c.algorithm.tis_mode) for a, c in full.arms.items()}
+    plain, noise = (None, "truncate"), infra_mismatch.NOISE
+    assert arms == {"grpo": ("ppo_clip", None, 0.0, *plain), "gspo": ("gspo", None, 0.0, *plain),
+                    "gspo_token": ("gspo_token", None, 0.0, *plain), "grpo_bf16": ("ppo_clip", "bfloat16", 0.0, *plain),
+                    "gspo_bf16": ("gspo", "bfloat16", 0.0, *plain), "grpo_noise": ("ppo_clip", None, noise, *plain),
+                    "gspo_noise": ("gspo", None, noise, *plain), "grpo_noise_tis": ("ppo_clip", None, noise, "token", "truncate"),
+                    "gspo_noise_seqmask": ("gspo", None, noise, "sequence", "mask")}
+    assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(2, 1, 0.0)}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("gspo", "gspo_token")
+    assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in ("grpo", "gspo") for lr in full.learning_rates)
+    assert study.followers(full) == {a: (a.split("_")[0], 1.0) for a in full.arms if a not in ("grpo", "gspo")}
+    s, summary = run_tiny(infra_mismatch, tmp_path, ["grpo", "grpo_bf16", "grpo_noise", "grpo_noise_tis"])
+    check_outputs(s, summary, tmp_path, infra_mismatch.claims)
+    # The trainer sees the gap it was given: none matched, bf16's rounding, the noise's far above it; only a
+    # correction logs its weight.
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    drift = {a: [r["sampler_drift_mean"] for r in stored[a]["0"]["rows"] if r["step"] > 0] for a in s.arms}
+    assert max(drift["grpo"]) < 1e-6 < min(drift["grpo_bf16"]) and max(drift["grpo_bf16"]) < 1e-2
+    assert min(drift["grpo_noise"] + drift["grpo_noise_tis"]) > 0.1
+    for arm in s.arms:
+        weights = [r.get("tis_weight_mean") for r in stored[arm]["0"]["rows"] if r["step"] > 0]
+        assert all((w is None) == (arm != "grpo_noise_tis") for w in weights), arm
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, True, False]  # claim 2 needs GSPO
 
 def test_moe_routing_per_update_volatility():
     cfg = moe_routing.get_study(quick=True).arms["grpo"]  # 8 minibatches a step
