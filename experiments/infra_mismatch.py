@@ -11,7 +11,9 @@ The trainer takes l^old under its own params (the recompute), so uncorrected arm
 another distribution as if on-policy; a rollout correction weighs them by exp(l^old - l^samp) (logged
 as sampler_drift_mean: |l^old - l^samp| per token). What is cut: the paper's mechanism proper, GSPO's
 ratio taken against the sampler's own likelihoods with no recompute, is no option of the trainer (what is
-left of item 1); here the mismatch acts through the samples and the corrections only.
+left of item 1); here the mismatch acts through the samples and the corrections only. Also cut (cost):
+corrections under bf16 (its gap is 1/500 of the noise's), GSPO's token TIS, GRPO's sequence mask, the
+geometric weight and off_policy_threshold.
 
 Task, base and batch as experiments/staleness.py (the quickstart's arithmetic, 2-4-token answers, one
 warm start at seed 0 to WARM_START's accuracy, 32 prompts x 8 samples, constant rate, no KL), but two
@@ -45,7 +47,7 @@ import study
 from warm_start import WarmStart
 
 GSPO = "arXiv 2507.18071 (GSPO)"
-TIS = "Yao et al. 2025, truncated importance sampling (Your Efficient RL Framework Secretly Brings You Off-Policy RL)"
+TIS = "Yao et al. 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy RL Training' (truncated IS)"
 NOISE = 0.5
 NULL = ("gspo", "gspo_token")
 FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "gspo": ["algorithm.preset=gspo"],
@@ -71,7 +73,7 @@ def final_accuracy(run) -> float:
 CLAIMS = (
     protocol.Claim(
         "GRPO degrades when the sampler's likelihoods are not the trainer's",
-        source=f"{GSPO}, sec. 5.4",
+        source=f"{GSPO}, sec. 5.4 (its premise: why GRPO's infrastructure recomputes the likelihoods)",
         paper="token-level importance ratios are sensitive to the precision discrepancy between the inference "
               "engine and the training engine (the reason RL infrastructure recomputes likelihoods for GRPO)",
         halves=(protocol.Difference(f"training reward over the run, matched minus logit noise {NOISE}", reward,
@@ -80,7 +82,8 @@ CLAIMS = (
                                     final_accuracy, "grpo", "grpo_noise"))),
     protocol.Claim(
         "GSPO tolerates the sampler/trainer mismatch better than GRPO: it loses less to it",
-        source=f"{GSPO}, abstract and sec. 5.4",
+        source=f"{GSPO}, abstract and sec. 5.4, carried from the ratio's likelihoods to the samples (l^old is "
+               "recomputed here)",
         paper="GSPO has the potential for simplifying the design of RL infrastructure: sequence-level likelihoods "
               "are more tolerant of the precision discrepancy, so the inference engine's likelihoods can be used "
               "directly",
