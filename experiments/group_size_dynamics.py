@@ -95,6 +95,7 @@ import protocol
 import reward_curves as rc
 import softmax_bandit as sb
 import study
+from study import final_accuracy, reward
 from warm_start import WarmStart
 
 INERTIAL = "arXiv 2606.30789 (Predictable GRPO)"
@@ -171,14 +172,6 @@ def rollouts(run: study.Run) -> float:
     cfg = run.config
     rounds = sum(r.get("groups/gen_rounds", 0) for r in run.rows if r["step"] > 0)
     return rounds * cfg.train.prompts_per_step * cfg.sampling.group_size
-
-
-def final_accuracy(run: study.Run) -> float:
-    return run.mean("eval/accuracy_greedy", 0.8)
-
-
-def reward(run: study.Run) -> float:  # mean training reward over the run: the area under the curve per update
-    return run.mean("reward/mean")
 
 
 TABLE = {

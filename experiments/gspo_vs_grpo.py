@@ -30,6 +30,7 @@ from grpo_jax.config import override
 
 import protocol
 import study
+from study import final_accuracy, reward
 from warm_start import WarmStart, written_solution
 
 PAPER = "arXiv 2507.18071 (GSPO)"
@@ -47,14 +48,6 @@ WARM_START = WarmStart(accuracy=0.25, batch_size=16, eval_every=50, target=writt
 # almost none of the third, so the accuracy claim compares the second with the first.
 BUCKETS = ("0-32", "32-64", "64-inf")
 SHORT, LONG = "0-32", "32-64"
-
-
-def reward(run):  # mean over the run: the area under reward vs updates, per update
-    return run.mean("reward/mean")
-
-
-def final_accuracy(run, bucket: str = ""):
-    return run.mean("eval/accuracy_greedy" + (f"@{bucket}" if bucket else ""), 0.8)
 
 
 def gain(run, bucket: str) -> float:

@@ -44,6 +44,7 @@ from grpo_jax.config import override
 
 import protocol
 import study
+from study import final_accuracy, reward
 from warm_start import WarmStart
 
 GSPO = "arXiv 2507.18071 (GSPO)"
@@ -60,14 +61,6 @@ ARMS = {"grpo": ("grpo", ""), "gspo": ("gspo", ""), "gspo_token": ("gspo_token",
         "grpo_noise_tis": ("grpo", "_noise_tis"), "gspo_noise_seqmask": ("gspo", "_noise_seqmask")}
 WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
 RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
-
-
-def reward(run) -> float:  # mean over the run: the area under reward vs updates, per update
-    return run.mean("reward/mean")
-
-
-def final_accuracy(run) -> float:
-    return run.mean("eval/accuracy_greedy", 0.8)
 
 
 CLAIMS = (

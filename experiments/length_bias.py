@@ -32,6 +32,7 @@ from grpo_jax.config import override
 
 import protocol
 import study
+from study import final_accuracy
 from warm_start import WarmStart
 
 PAPER = "arXiv 2503.20783 (Dr. GRPO)"
@@ -58,10 +59,6 @@ def growth(key: str):
 
 
 incorrect_growth, correct_growth = growth("completion/length_incorrect"), growth("completion/length_correct")
-
-
-def final_accuracy(run):
-    return run.mean("eval/accuracy_greedy", 0.8)
 
 
 def final_length(run):

@@ -60,6 +60,7 @@ from grpo_jax.data.tasks import Arithmetic, ArithmeticConfig
 
 import protocol
 import study
+from study import final_accuracy
 from warm_start import WarmStart
 
 POOL = 512  # training prompts per seed: 32 a step see each about every 16 steps (25 times in a full run)
@@ -104,10 +105,6 @@ def tokens(run) -> float:
     """Completion tokens generated over the run (replayed groups are not generated again)."""
     rows = [r for r in run.rows if "groups/gen_rounds" in r]
     return float(np.diff(rollouts(run)) @ np.array([r["completion/length_mean"] for r in rows]))
-
-
-def final_accuracy(run) -> float:
-    return run.mean("eval/accuracy_greedy", 0.8)
 
 
 def warm_accuracy(run) -> float:

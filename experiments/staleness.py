@@ -59,6 +59,7 @@ from grpo_jax.config import override
 
 import protocol
 import study
+from study import final_accuracy, reward
 from warm_start import WarmStart
 
 OFF_POLICY = "arXiv 2505.22257 (off-policy GRPO)"
@@ -80,14 +81,6 @@ RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 # Non-inferiority margin in training reward (mean over the run), declared before any run: the pilot's
 # on-policy run gained 0.08 in its first 40 steps.
 MARGIN = 0.03
-
-
-def reward(run) -> float:  # mean over the run: the area under reward vs updates, per update
-    return run.mean("reward/mean")
-
-
-def final_accuracy(run) -> float:
-    return run.mean("eval/accuracy_greedy", 0.8)
 
 
 CLAIMS = (

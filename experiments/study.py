@@ -223,6 +223,16 @@ class Run:
         return float(np.mean(values)) if values else float("nan")
 
 
+def reward(run: Run) -> float:
+    """Training reward averaged over the run: the area under the reward curve per update."""
+    return run.mean("reward/mean")
+
+
+def final_accuracy(run: Run, bucket: str = "") -> float:
+    """Held-out greedy accuracy over the last 20% of the run (on one length bucket's problems, if named)."""
+    return run.mean("eval/accuracy_greedy" + (f"@{bucket}" if bucket else ""), 0.8)
+
+
 class Results(dict):
     """arm -> its runs, one per seed (in seed order)."""
 

@@ -35,6 +35,7 @@ from grpo_jax.envs.calculator import CalculatorConfig
 
 import protocol
 import study
+from study import final_accuracy
 from warm_start import WarmStart, answer_only
 
 GTPO = "arXiv 2511.14846 (GTPO)"
@@ -54,10 +55,6 @@ def tool_call(example: dict, rng: np.random.Generator) -> str:
 
 WARM_START = WarmStart(accuracy=0.2, batch_size=32, eval_every=25, max_steps=400, target=tool_call)
 NO_TOOL_WARM_START = WarmStart(accuracy=1.0, batch_size=32, eval_every=100, max_steps=100, target=answer_only)
-
-
-def final_accuracy(run):
-    return run.mean("eval/accuracy_greedy", 0.8)
 
 
 def gain(run) -> float:
