@@ -215,14 +215,19 @@ class TrainConfig:
     # (AReaL's decoupled objective, arXiv 2505.24298: the proximal policy is the current one, the stale
     # sampler the behaviour policy), so the ratio starts at 1 and the correction weight exp(l^old - l^samp)
     # carries the staleness; with no correction, stale samples are trained on as if on-policy.
+    # "rollout": no params and no forward: l^old is the sampler's own reported log-probs (Batch.sampler_logp;
+    # GSPO's sec. 5.4, arXiv 2507.18071: the ratio on the inference engine's likelihoods, no recompute), at
+    # any staleness including 0, so the rollout correction's d = l^old - l^samp is 0 and the ratio carries
+    # the sampler/trainer mismatch (and any staleness).
     proximal: str = "sampler"
 
     def __post_init__(self):
         _check("TrainConfig", {
             "max_staleness": (self.max_staleness >= 0, "must be >= 0 (0: the synchronous loop; k: rollouts sampled "
                               "with params up to k steps old)"),
-            "proximal": (self.proximal in ("sampler", "trainer"), "must be 'sampler' or 'trainer' (the params that "
-                         "give l^old under max_staleness)"),
+            "proximal": (self.proximal in ("sampler", "trainer", "rollout"), "must be 'sampler' (l^old under the "
+                         "params that sampled), 'trainer' (under the trainer's current params, max_staleness >= 1) or "
+                         "'rollout' (the sampler's own log-probs, no l^old forward)"),
             "steps": (self.steps >= 1, "must be >= 1"),
             "seed": (0 <= self.seed < 2**32, "must be in [0, 2**32) (it seeds a uint32 JAX random key); pick another seed"),
             "rollout_seed": (self.rollout_seed is None or 0 <= self.rollout_seed < 2**32,

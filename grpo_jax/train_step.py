@@ -101,9 +101,10 @@ def on_policy(cfg: Config) -> bool:
     (the ratio is 1 with the true gradient) and the separate l^old forward is skipped: `Batch.old_logp`
     is None. MoE policies keep that pass: it records pi_old's routes (`Batch.routes`) for routing
     replay and the routing metrics. Under train.max_staleness > 0 only with train.proximal="trainer"
-    (l^old under the params that train); with "sampler" l^old is under the older params that sampled."""
+    (l^old under the params that train); with "sampler" l^old is under the older params that sampled.
+    Never under train.proximal="rollout": l^old is the sampler's log-probs, not sg(l)."""
     return (cfg.algorithm.num_iterations == 1 and cfg.train.minibatches == 1 and not any(cfg.model.moe_layers)
-            and not (cfg.train.max_staleness and cfg.train.proximal == "sampler"))
+            and not (cfg.train.max_staleness and cfg.train.proximal == "sampler") and cfg.train.proximal != "rollout")
 
 
 def prefix_group(cfg: Config) -> int:

@@ -718,8 +718,11 @@ class Trainer:
         all under the params that sampled them (`sampler_params`: before any update of this step, or
         under max_staleness those of `self.version`, on the sampler's mesh), or under train.proximal =
         "trainer" the trainer's current params (`policy_params`, called before the step's updates); none
-        when the updates are on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward)."""
+        when the updates are on-policy (`train_step.on_policy`: the update takes sg(l) from its own forward).
+        Under train.proximal = "rollout" l^old is the sampler's own log-probs (`Batch.sampler_logp`): no forward."""
         cfg = self.cfg
+        if cfg.train.proximal == "rollout":
+            return [dataclasses.replace(b, old_logp=b.sampler_logp.astype(jnp.float32) * b.mask) for b in batches]
         if ts.on_policy(cfg):
             return batches
         sampler = cfg.train.proximal == "sampler" and self.sampler_mesh is not None

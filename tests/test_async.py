@@ -75,6 +75,33 @@ def test_the_proximal_policy_gives_l_old_and_the_correction_its_staleness(proxim
         assert drift[2:].min() > drift[1] > 100 * drift[0] and np.abs(weight[1:] - 1).min() > 1e-3, (drift, weight)
 
 
+@pytest.mark.parametrize("proximal", ["sampler", "rollout"])
+def test_rollout_proximal_takes_l_old_from_the_sampler_with_no_forward(proximal, tmp_path, monkeypatch):
+    """train.proximal="rollout" (GSPO sec. 5.4, arXiv 2507.18071): under a logit-noise sampler at k = 0,
+    l^old is the rollout's own sampler log-probs exactly, no l^old forward runs, and the correction's
+    drift is 0; under the default l^old is recomputed and the drift is the noise's."""
+    cfg = config(tmp_path, "bnpo", steps=1, proximal=proximal)
+    cfg = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, logit_noise=0.5),
+                              algorithm=dataclasses.replace(cfg.algorithm, tis_level="token", tis_cap=10.0))
+    t, minibatches, forwards = trainer.Trainer(cfg), trainer.Trainer.minibatches, []
+
+    def checked(self, batches):
+        out = minibatches(self, batches)
+        for b in out:
+            if proximal == "rollout":
+                np.testing.assert_array_equal(np.asarray(b.old_logp), np.asarray(b.sampler_logp) * np.asarray(b.mask))
+        return out
+    monkeypatch.setattr(trainer.Trainer, "minibatches", checked)
+    old_logprobs = trainer.ts.old_logprobs
+    monkeypatch.setattr(trainer.ts, "old_logprobs", lambda *a, **k: forwards.append(1) or old_logprobs(*a, **k))
+    metrics, _ = t.train_step()
+    if proximal == "rollout":
+        assert metrics["sampler_drift_mean"] == 0 and abs(metrics["tis_weight_mean"] - 1) < 1e-6
+        assert not forwards  # neither an l^old pass nor (on the tiny model) anything else through old_logprobs
+    else:
+        assert metrics["sampler_drift_mean"] > 1e-2 and forwards, metrics["sampler_drift_mean"]
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The uninterrupted run of each train.proximal, run once."""
@@ -158,7 +185,7 @@ def test_the_sampler_mesh_samples_what_one_mesh_does(tmp_path):
     (lambda c: split(c, 6), "a minibatch of 4 rows does not split over the sampler mesh's 6 batch devices"),
     (lambda c: split(dataclasses.replace(c, train=dataclasses.replace(c.train, packing=True))),
      "set train.packing=False or mesh.sampler=0"),
-    (lambda c: config(c.train.out_dir, proximal="stale"), "TrainConfig.proximal='stale' must be 'sampler' or 'trainer'"),
+    (lambda c: config(c.train.out_dir, proximal="stale"), "or 'rollout' (the sampler's own log-probs, no l"),
     (lambda c: config(c.train.out_dir, proximal="trainer"), "at train.max_staleness=0 they are the same params"),
     (lambda c: config(c.train.out_dir, "rloo", minibatches=1, max_staleness=1),
      "algorithm.loss='reinforce' has no importance ratio and algorithm.tis_level is None"),
