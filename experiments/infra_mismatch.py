@@ -9,9 +9,10 @@ the float32 trainer (`sampling.compute_dtype`), or with N(0, NOISE^2) added to e
 (`sampling.logit_noise`, a controlled perturbation: its gap is set, not whatever bf16 gives this model).
 The trainer takes l^old under its own params (the recompute), so uncorrected arms train on samples of
 another distribution as if on-policy; a rollout correction weighs them by exp(l^old - l^samp) (logged
-as sampler_drift_mean: |l^old - l^samp| per token). What is cut: the paper's mechanism proper, GSPO's
-ratio taken against the sampler's own likelihoods with no recompute, is no option of the trainer (what is
-left of item 1); here the mismatch acts through the samples and the corrections only. Also cut (cost):
+as sampler_drift_mean: |l^old - l^samp| per token). The paper's mechanism proper, GSPO's ratio taken
+against the sampler's own likelihoods with no recompute, is the arms {grpo,gspo}_noise_rollout
+(`train.proximal=rollout`: l^old is l^samp, drift 0, the ratio carries the mismatch); no claim is declared
+on them yet, they are in the table. Cut (cost):
 corrections under bf16 (its gap is 1/500 of the noise's), GSPO's token TIS, GRPO's sequence mask, the
 geometric weight and off_policy_threshold.
 
@@ -25,17 +26,19 @@ Arms, on the same warm start, data and sampling keys per seed:
 - {grpo,gspo}_bf16: the sampler in bfloat16, uncorrected (the gap real engines have, for scale);
 - {grpo,gspo}_noise: logit noise NOISE, uncorrected; grpo_noise_tis: token TIS (truncated at C = 2);
   gspo_noise_seqmask: the sequence mask (tis_level sequence, tis_mode mask: a completion whose
-  exp(sum_t (l^old - l^samp)) passes C = 2 gets 0, else that weight).
+  exp(sum_t (l^old - l^samp)) passes C = 2 gets 0, else that weight);
+- {grpo,gspo}_noise_rollout: logit noise NOISE with l^old the sampler's own log-probs (train.proximal=rollout,
+  GSPO sec. 5.4: no recompute), uncorrected.
 grpo and gspo each choose among RATES on the selection seeds; every mismatched arm takes its family's rate
 (`rate_from`): the mismatch changes the sampler, not the objective.
 
 Measured, not guessed (8-step runs from the quickstart init, 2 cores shared with two other studies'
 runs, load 3.4-4.4): sampler_drift_mean 7e-4 per token in bfloat16, 0.40 at NOISE = 0.5 (chosen for a
 gap some 500x bf16's, not to hide in its noise); a step 0.08-0.2 s after a 5-12 s start-up (compiling),
-the same for every sampler. Full study: 6 x 2 selection runs + 9 arms x 8 seeds = 84 runs of STEPS = 240
-steps, about 84 runs x 45 s (start-up, 240 x 0.12 s, 9 evaluations) + the warm start's 104 s
-(staleness.py's): about 65 minutes, more under load; run it with --resume. --quick: 9 arms x 2 seeds of
-60 steps at QUICK_RATE, no selection (not the full protocol): 18 runs x about 20 s, about 8 minutes.
+the same for every sampler. Full study: 6 x 2 selection runs + 11 arms x 8 seeds = 100 runs of STEPS = 240
+steps, about 100 runs x 45 s (start-up, 240 x 0.12 s, 9 evaluations) + the warm start's 104 s
+(staleness.py's): about 77 minutes, more under load; run it with --resume. --quick: 11 arms x 2 seeds of
+60 steps at QUICK_RATE, no selection (not the full protocol): 22 runs x about 20 s, about 8-10 minutes.
 """
 
 from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
@@ -55,10 +58,12 @@ FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "gspo": ["alg
             "gspo_token": ["algorithm.preset=gspo_token"]}
 SAMPLERS = {"": [], "_bf16": ["sampling.compute_dtype=bfloat16"], "_noise": [f"sampling.logit_noise={NOISE}"],
             "_noise_tis": [f"sampling.logit_noise={NOISE}", "algorithm.tis_level=token"],
-            "_noise_seqmask": [f"sampling.logit_noise={NOISE}", "algorithm.tis_level=sequence", "algorithm.tis_mode=mask"]}
+            "_noise_seqmask": [f"sampling.logit_noise={NOISE}", "algorithm.tis_level=sequence", "algorithm.tis_mode=mask"],
+            "_noise_rollout": [f"sampling.logit_noise={NOISE}", "train.proximal=rollout"]}
 ARMS = {"grpo": ("grpo", ""), "gspo": ("gspo", ""), "gspo_token": ("gspo_token", ""),
         **{f"{f}{s}": (f, s) for f in ("grpo", "gspo") for s in ("_bf16", "_noise")},
-        "grpo_noise_tis": ("grpo", "_noise_tis"), "gspo_noise_seqmask": ("gspo", "_noise_seqmask")}
+        "grpo_noise_tis": ("grpo", "_noise_tis"), "gspo_noise_seqmask": ("gspo", "_noise_seqmask"),
+        **{f"{f}_noise_rollout": (f, "_noise_rollout") for f in ("grpo", "gspo")}}
 WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
 RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 

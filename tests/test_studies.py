@@ -417,19 +417,22 @@ def test_infra_mismatch(tmp_path):
                     "gspo_token": ("gspo_token", None, 0.0, *plain), "grpo_bf16": ("ppo_clip", "bfloat16", 0.0, *plain),
                     "gspo_bf16": ("gspo", "bfloat16", 0.0, *plain), "grpo_noise": ("ppo_clip", None, noise, *plain),
                     "gspo_noise": ("gspo", None, noise, *plain), "grpo_noise_tis": ("ppo_clip", None, noise, "token", "truncate"),
-                    "gspo_noise_seqmask": ("gspo", None, noise, "sequence", "mask")}
+                    "gspo_noise_seqmask": ("gspo", None, noise, "sequence", "mask"),
+                    "grpo_noise_rollout": ("ppo_clip", None, noise, *plain), "gspo_noise_rollout": ("gspo", None, noise, *plain)}
+    assert {a for a, c in full.arms.items() if c.train.proximal != "sampler"} == {"grpo_noise_rollout", "gspo_noise_rollout"}
+    assert all(full.arms[a].train.proximal == "rollout" for a in ("grpo_noise_rollout", "gspo_noise_rollout"))
     assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(2, 1, 0.0)}
     assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("gspo", "gspo_token")
     assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in ("grpo", "gspo") for lr in full.learning_rates)
     assert study.followers(full) == {a: (a.split("_")[0], 1.0) for a in full.arms if a not in ("grpo", "gspo")}
-    s, summary = run_tiny(infra_mismatch, tmp_path, ["grpo", "grpo_bf16", "grpo_noise", "grpo_noise_tis"])
+    s, summary = run_tiny(infra_mismatch, tmp_path, ["grpo", "grpo_bf16", "grpo_noise", "grpo_noise_tis", "grpo_noise_rollout"])
     check_outputs(s, summary, tmp_path, infra_mismatch.claims)
     # The trainer sees the gap it was given: none matched, bf16's rounding, the noise's far above it; only a
     # correction logs its weight.
     stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
     drift = {a: [r["sampler_drift_mean"] for r in stored[a]["0"]["rows"] if r["step"] > 0] for a in s.arms}
     assert max(drift["grpo"]) < 1e-6 < min(drift["grpo_bf16"]) and max(drift["grpo_bf16"]) < 1e-2
-    assert min(drift["grpo_noise"] + drift["grpo_noise_tis"]) > 0.1
+    assert min(drift["grpo_noise"] + drift["grpo_noise_tis"]) > 0.1 and max(drift["grpo_noise_rollout"]) == 0  # l^old = l^samp
     for arm in s.arms:
         weights = [r.get("tis_weight_mean") for r in stored[arm]["0"]["rows"] if r["step"] > 0]
         assert all((w is None) == (arm != "grpo_noise_tis") for w in weights), arm
