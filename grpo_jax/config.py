@@ -332,6 +332,11 @@ class Config:
                              "layout (planned for the trainer's devices) cannot run: set train.packing=False or mesh.sampler=0")
         if self.model is not None:
             check_routing_replay(self.algorithm, self.model)
+            if self.train.proximal == "rollout" and any(self.model.moe_layers) and alg.routing_replay != "sampler":
+                raise ValueError(f"train.proximal='rollout' takes l^old from the sampler, under the experts the sampler "
+                                 f"chose, and skips the l^old forward that records pi_old's routes: with "
+                                 f"algorithm.routing_replay={alg.routing_replay!r} the updates would run other experts "
+                                 "than l^old's; set algorithm.routing_replay='sampler' (R3) or another train.proximal")
             if self.train.compare_routes and not any(self.model.moe_layers):
                 raise ValueError(f"train.compare_routes=True compares mixture-of-experts routes, but the "
                                  f"{self.model.model_type} model has no MoE layer; set it to False")

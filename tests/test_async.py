@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import checkpoint, lora, models, run, trainer
-from grpo_jax.config import Config
+from grpo_jax.config import Config, override
 from test_trainer import config, rows
 
 
@@ -187,6 +187,9 @@ def test_the_sampler_mesh_samples_what_one_mesh_does(tmp_path):
      "set train.packing=False or mesh.sampler=0"),
     (lambda c: config(c.train.out_dir, proximal="stale"), "or 'rollout' (the sampler's own log-probs, no l"),
     (lambda c: config(c.train.out_dir, proximal="trainer"), "at train.max_staleness=0 they are the same params"),
+    (lambda c: override(config(c.train.out_dir, proximal="rollout"), [
+        "model.model_type=qwen3_moe", "model.num_experts=4", "model.num_experts_per_tok=2", "model.moe_intermediate_size=8",
+        "algorithm.routing_replay=old"]), "set algorithm.routing_replay='sampler' (R3) or another train.proximal"),
     (lambda c: config(c.train.out_dir, "rloo", minibatches=1, max_staleness=1),
      "algorithm.loss='reinforce' has no importance ratio and algorithm.tis_level is None"),
 ])
