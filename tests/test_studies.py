@@ -436,7 +436,7 @@ def test_infra_mismatch(tmp_path):
     for arm in s.arms:
         weights = [r.get("tis_weight_mean") for r in stored[arm]["0"]["rows"] if r["step"] > 0]
         assert all((w is None) == (arm != "grpo_noise_tis") for w in weights), arm
-    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, True, False]  # claim 2 needs GSPO
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, True, False, True]  # 2, 4 need GSPO
 
 def test_moe_routing_per_update_volatility():
     cfg = moe_routing.get_study(quick=True).arms["grpo"]  # 8 minibatches a step
