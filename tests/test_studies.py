@@ -233,7 +233,8 @@ def test_rejudge_finds_a_changed_verdict_and_refuses_a_changed_study(tmp_path):
 
 
 def test_length_bias(tmp_path):
-    s, summary = run_tiny(length_bias, tmp_path)
+    # GRPO and Dr. GRPO (the null pair, GSPO and GSPO-token, runs through the harness in test_gspo_vs_grpo)
+    s, summary = run_tiny(length_bias, tmp_path, arms=("grpo", "dr_grpo"))
     check_outputs(s, summary, tmp_path, length_bias.claims)
     # Length is free: a check repeats a column step, and the exact reward reads only the sum after "#### ".
     rng = np.random.default_rng(0)
