@@ -146,8 +146,8 @@ def use_compilation_cache(path: str) -> str:
 
     A directory already given to JAX (JAX_COMPILATION_CACHE_DIR, jax.config, or an earlier run in this
     process) wins: JAX opens the cache at the first compilation and keeps that directory for the whole
-    process, and the environment variable is how a user (or the test suite) chooses it for every
-    process at once, so `path` is then not used (process 0 prints a line saying so).
+    process, and the environment variable is how a user (or scripts/soak_drill.py) chooses it for
+    every process at once, so `path` is then not used (process 0 prints a line saying so).
 
     Not on several CPU devices of one process (simulated ones): there, runs with a warm cache were seen
     to abort in XLA:CPU's collective rendezvous (the devices waiting at different all-reduces), and

@@ -6,6 +6,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax.checkpoint import Checkpointer
+from xla_flags import xla_flags  # tests/xla_flags.py
 
 
 def _state(x):
@@ -142,9 +143,8 @@ def test_a_run_saved_on_8_devices_resumes_on_4_with_the_same_values(tmp_path):
                     "train.keep_checkpoints=2", f"train.out_dir={tmp_path}") for a in ("--set", s))]
 
     def run(devices, *command):
-        flags = os.environ["XLA_FLAGS"].replace("device_count=8", f"device_count={devices}")
         return subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=root, timeout=600,
-                              env={**os.environ, "XLA_FLAGS": flags})
+                              env={**os.environ, "XLA_FLAGS": xla_flags(devices)})
 
     first = run(8, "-m", "grpo_jax.train", *args, "--set", "train.steps=2")
     assert first.returncode == 0, first.stderr[-2000:]

@@ -25,6 +25,7 @@ import pytest
 from grpo_jax import models, run
 from grpo_jax.data import curricula
 from grpo_jax.train import parse_args
+from xla_flags import xla_flags  # tests/xla_flags.py
 
 ROOT = pathlib.Path(__file__).parents[1]
 QUICKSTART = ROOT / "experiments" / "configs" / "quickstart.py"
@@ -56,7 +57,7 @@ def cluster(command: list[str], processes: int, logs: pathlib.Path) -> list[subp
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // processes}", "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": xla_flags(8 // processes), "JAX_PLATFORMS": "cpu",
            "JAX_DEFAULT_MATMUL_PRECISION": str(jax.config.jax_default_matmul_precision)}
     logs.parent.mkdir(parents=True, exist_ok=True)
     return [subprocess.Popen([sys.executable, *command, "--coordinator", f"localhost:{port}",

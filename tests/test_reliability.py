@@ -22,6 +22,7 @@ from grpo_jax.config import AlgorithmConfig, flatten, override, resume_changes
 from grpo_jax import logging as run_logging
 from grpo_jax.rewards import scoring
 from grpo_jax.train import load_config, main, parse_args
+from xla_flags import xla_flags  # tests/xla_flags.py
 from fault_rewards import dies_or_sleeps, odd_values
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -503,7 +504,7 @@ def test_soak_drill_stops_at_random_points_and_resumes_exactly(tmp_path, monkeyp
     on one CPU device); the drill itself checks exit codes, leftovers, the final state, logs, TensorBoard
     and a lost curves.png against an uninterrupted run. A failure prints the seed: `python
     scripts/soak_drill.py --kills 5 --seed N` replays its choices."""
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(1))
     summary_path = tmp_path / "summary.json"
     drill = load_drill()
     rc = drill.main(["--kills", str(len(drill.STOPS)), "--workdir", str(tmp_path), "--json", str(summary_path)])
