@@ -483,7 +483,8 @@ class Trainer:
         )
         # every process's rows: groups, advantages and the metrics need them all
         scores, status = sharding.gather(sharding.global_batch((scores, status), self.gen_mesh, n))
-        flips = {}
+        flips, correct = {}, [i for i, r in enumerate(self.task.rewards) if r.correctness]
+        clean = scores[:, correct[0]] >= 1.0 if correct else None  # the verifier's own labels, before any flip
         if self.cfg.reward.label_noise:  # drawn from the round's key (every process, a resume: the same flips),
             kinds = [r.correctness for r in self.task.rewards]  # folded with no prompt's index (the row keys')
             uniform = np.asarray(jax.random.uniform(jax.random.fold_in(rng, 2**32 - 1), scores.shape))
@@ -492,13 +493,12 @@ class Trainer:
         metrics = {"reward/time_s": metrics["reward/time_s"], **rewards.summarize(fns, weights, scores, status), **flips}
         lengths, truncated, prompt_lengths, counted = sharding.gather(
             (rollout.lengths, rollout.truncated, row_prompts.lengths, rollout.mask.sum(1)))
-        correct = [i for i, r in enumerate(self.task.rewards) if r.correctness]
         names = data.source_names(examples)  # a mixture's part of each row, for its metrics
         return dict(
             prompts=row_prompts, rollout=rollout, rows=rows, texts=row_texts, completions=completions,
             rewards=scores, lengths=lengths, truncated=truncated, prompt_lengths=prompt_lengths, counted=counted,
             metrics=metrics, generate_s=generate_s, **credit, sources=None if names is None else np.repeat(names, g),
-            correct=scores[:, correct[0]] >= 1.0 if correct else None,
+            correct=scores[:, correct[0]] >= 1.0 if correct else None, clean_correct=clean,
             usable=rewards.usable_groups(status, g, self.cfg.reward.on_failure),
         )
 
@@ -778,6 +778,8 @@ class Trainer:
         if drawn[0]["correct"] is not None:
             correct = np.concatenate([s["correct"] for s in drawn])
             m["accuracy"] = float(correct.mean())
+            if self.cfg.reward.label_noise:  # accuracy counts the flipped labels the update trains on; this, the true ones
+                m["accuracy_clean"] = float(np.concatenate([s["clean_correct"] for s in drawn]).mean())
             for name, rows in (("correct", correct), ("incorrect", ~correct)):  # Dr. GRPO's length bias
                 if rows.any():
                     m[f"completion/length_{name}"] = float(lengths[rows].mean())

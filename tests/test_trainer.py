@@ -84,7 +84,9 @@ def test_unlikeliness_ranks_each_group_by_the_samplers_mean_logprob(tmp_path):
 def test_label_noise_flips_the_rounds_correctness_labels_by_its_key(tmp_path):
     """reward.label_noise: a round samples the completions of a clean round with the same key, its
     exact-match labels flipped (the length reward untouched), the same flips again under that key, others
-    under another; reward/label_flip_frac counts them; label_noise = 0 is the clean round."""
+    under another; reward/label_flip_frac counts them; label_noise = 0 is the clean round. The round keeps
+    the true labels (clean_correct): a rollout batch logs accuracy on the flipped labels it trains on and
+    accuracy_clean on the true ones, the latter only under label noise."""
     cfg = config(tmp_path, "grpo", steps=1)
     t = trainer.Trainer(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, label_noise=0.3)))
     examples, key = samplers.Picked(t.task.train, np.arange(8)), jax.random.key(7)
@@ -98,6 +100,15 @@ def test_label_noise_flips_the_rounds_correctness_labels_by_its_key(tmp_path):
     assert 0 < flipped.sum() < len(flipped) and noisy["metrics"]["reward/label_flip_frac"] == flipped.mean()
     np.testing.assert_array_equal(again["rewards"], noisy["rewards"])
     assert ((other["rewards"][:, 0] != other_clean["rewards"][:, 0]) != flipped).any()
+    np.testing.assert_array_equal(noisy["clean_correct"], clean["correct"])
+    np.testing.assert_array_equal(clean["clean_correct"], clean["correct"])
+    assert (noisy["correct"] != noisy["clean_correct"]).any()
+    _, metrics = t.rollout_batch(key)
+    assert "accuracy_clean" not in metrics
+    t.cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, label_noise=0.3))
+    _, metrics = t.rollout_batch(key)
+    (s,) = t.last_rollout["drawn"]
+    assert metrics["accuracy"] == s["correct"].mean() and metrics["accuracy_clean"] == s["clean_correct"].mean()
     with pytest.raises(ValueError, match="reward.label_noise=0.3 flips correctness labels, but none of"):
         trainer.Trainer(dataclasses.replace(cfg, reward=RewardConfig(names=("length",), label_noise=0.3, num_workers=1)))
 

@@ -132,7 +132,8 @@ class RewardConfig:
     inf, or beyond float32) is a failure: counted per reward, and by `on_failure` its group is
     dropped from the update ("drop_group") or the call scores 0 ("zero"). `label_noise` = p > 0 flips
     each returned correctness reward (0 <-> 1) with probability p before anything reads it (noisy-verifier
-    studies: S-GRPO 2508.05928), seeded by the run's sampling key; logged as reward/label_flip_frac."""
+    studies: S-GRPO 2508.05928), seeded by the run's sampling key; logged as reward/label_flip_frac, and the
+    training rows' accuracy on the true labels as accuracy_clean (accuracy counts the flipped ones)."""
 
     names: tuple[str, ...] = ("math",)
     weights: tuple[float, ...] = (1.0,)
