@@ -102,6 +102,34 @@ def test_rollout_proximal_takes_l_old_from_the_sampler_with_no_forward(proximal,
         assert metrics["sampler_drift_mean"] > 1e-2 and forwards, metrics["sampler_drift_mean"]
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_rollout_proximal_at_staleness_2_trains_on_the_stale_samplers_log_probs(moe, tmp_path, monkeypatch):
+    """train.proximal="rollout" at k = 2: every minibatch's l^old is the stale sampler's log-probs exactly
+    (on an MoE model under R3 with the sampler's routes), so the correction sees no drift while the
+    trainer's policy has moved two steps from the params that sampled: its log-probs leave the sampler's.
+    (The kill-and-resume test below runs it too.)"""
+    cfg = config(tmp_path, "grpo", steps=3, max_staleness=2, proximal="rollout")
+    if moe:
+        cfg = override(cfg, ["model.model_type=qwen3_moe", "model.num_experts=4", "model.num_experts_per_tok=2",
+                             "model.moe_intermediate_size=8", "algorithm.routing_replay=sampler"])
+    t, minibatches, seen = trainer.Trainer(cfg), trainer.Trainer.minibatches, []
+
+    def checked(self, batches):
+        out = minibatches(self, batches)
+        for b in out:
+            np.testing.assert_array_equal(np.asarray(b.old_logp), np.asarray(b.sampler_logp) * np.asarray(b.mask))
+            if moe:  # the experts the sampler chose, replayed by the update
+                assert b.routes is not None and 0 <= int(b.routes.min()) and int(b.routes.max()) < 4
+            seen.append(1)
+        return out
+    monkeypatch.setattr(trainer.Trainer, "minibatches", checked)
+    got = [t.train_step()[0] for _ in range(3)]
+    assert len(seen) == 3 * cfg.train.minibatches and [m["staleness/mean"] for m in got] == [0, 1, 2]
+    assert all(m["sampler_drift_mean"] == 0 for m in got)
+    # step 0's gap is the drift of its first minibatch's update; step 2's adds the two steps' updates
+    assert got[2]["staleness/logprob_gap_mean"] > 1.5 * got[0]["staleness/logprob_gap_mean"] > 0, got
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The uninterrupted run of each train.proximal, run once."""
@@ -115,7 +143,8 @@ def straight(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("kill_at, proximal", [(1, "sampler"), (4, "sampler"), (7, "sampler"), (4, "trainer")])
+@pytest.mark.parametrize("kill_at, proximal", [(1, "sampler"), (4, "sampler"), (7, "sampler"), (4, "trainer"),
+                                             (4, "rollout")])
 def test_a_run_killed_anywhere_with_staleness_2_resumes_bit_for_bit(kill_at, proximal, straight, monkeypatch):
     """A kill saves nothing past the last checkpoint (every step), which holds the two rollouts sampled
     ahead as their sampler outputs and (proximal "sampler") l^old; the resume rebuilds them and goes on as
