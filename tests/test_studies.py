@@ -24,6 +24,7 @@ import gspo_vs_grpo  # noqa: E402
 import infra_mismatch  # noqa: E402
 import length_bias  # noqa: E402
 import moe_routing  # noqa: E402
+import noisy_rewards  # noqa: E402
 import preset_table  # noqa: E402
 import prompt_samplers  # noqa: E402
 import staleness  # noqa: E402
@@ -566,3 +567,37 @@ def test_prompt_samplers_rollouts_and_targets():
                                                   else r for r in rows])
     # never: the cap, a uniform run's 100 steps and an interval (20) more, whatever the arm generated
     assert prompt_samplers.rollouts_to_target(flat) == 120 * per_step
+
+
+def test_noisy_rewards(tmp_path):
+    # GRPO, Dr. GRPO and S-GRPO (its p = 0.15 in every arm: not told the injected rate) at label noise 0, 10 and
+    # 20%, the null pair on noiseless GRPO; rates chosen on each family's noiseless arm, followed by its noisy ones.
+    full = noisy_rewards.get_study(quick=False)
+    arms = {a: (c.algorithm.advantage.name, c.algorithm.aggregation.name, c.reward.label_noise) for a, c in full.arms.items()}
+    grpo, dr, s = ("group_std", "seq_mean_token_mean"), ("group_mean", "seq_mean_token_sum_norm"), ("noise_aware",
+                                                                                                   "seq_mean_token_sum_norm")
+    assert arms == {**{f"{f}_n{k}": (*kind, k / 100) for f, kind in (("grpo", grpo), ("dr_grpo", dr), ("s_grpo", s))
+                       for k in (0, 10, 20)}, "grpo_n0_resampled": (*grpo, 0.0)}
+    assert {c.algorithm.advantage.noise_rate for a, c in full.arms.items() if a.startswith("s_grpo")} == {0.15}
+    assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(1, 1, 0.0)}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo_n0", "grpo_n0_resampled")
+    assert sorted(study.trials(full)) == sorted(f"{f}_n0@{lr:g}" for f in ("grpo", "dr_grpo", "s_grpo")
+                                                for lr in full.learning_rates)
+    assert study.followers(full) == {**{f"{f}_n{k}": (f"{f}_n0", 1.0) for f in ("grpo", "dr_grpo", "s_grpo") for k in (10, 20)},
+                                     "grpo_n0_resampled": ("grpo_n0", 1.0)}
+    # A noiseless arm, GRPO and S-GRPO at 20% noise: claims 1 and 2 (3 and 4 need S-GRPO's noiseless and Dr. GRPO's arms)
+    s, summary = run_tiny(noisy_rewards, tmp_path, arms=("grpo_n0", "grpo_n20", "s_grpo_n20"))
+    check_outputs(s, summary, tmp_path, noisy_rewards.claims)
+    # Under noise the flips are counted and the true labels' accuracy logged beside the flipped ones'; the claims'
+    # training accuracy is the true one.
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm in s.arms:
+        rows = [r for r in stored[arm]["0"]["rows"] if r["step"] > 0]
+        if arm == "grpo_n0":
+            assert not any("reward/label_flip_frac" in r or "accuracy_clean" in r for r in rows)
+            assert [noisy_rewards.true_accuracy(r) for r in rows] == [r["accuracy"] for r in rows]
+        else:
+            assert 0 < np.mean([r["reward/label_flip_frac"] for r in rows]) < 0.5, arm
+            assert [noisy_rewards.true_accuracy(r) for r in rows] == [r["accuracy_clean"] for r in rows], arm
+            assert all(0 <= r["accuracy_clean"] <= 1 for r in rows), arm
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, False, True, True]
