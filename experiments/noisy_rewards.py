@@ -40,12 +40,13 @@ Arms, on the same warm start, data, sampling keys and (per noise level) flip dra
 grpo_n0, dr_grpo_n0 and s_grpo_n0 each choose among RATES on the selection seeds; the family's noisy arms
 take its rate (`rate_from`).
 
-Cost (estimated from experiments/staleness.py's measurements on this task and batch: a step 0.16-0.22 s,
-a 60-step run 11-18 s, the warm start 104 s, at load 6-9 on 2 cores; the --quick run's own wall time is in
-its table.md): full study 3 families x 3 rates x 2 seeds = 18 selection runs + 10 arms x 8 seeds = 98 runs
-of STEPS = 240 steps, about 98 x (5 + 240 x 0.19) s + 104 s = 85 minutes (more under load); run it with
---resume. --quick: 10 arms x 2 seeds of 60 steps at QUICK_RATE, no selection (not the full protocol):
-20 runs, about 7 minutes.
+Cost, measured by the --quick run (results/noisy_rewards/quick; 2 cores shared with other jobs, load 4.1
+to 5.6): 212 s in all, the warm start 64 s (350 steps), a 60-step run 5.4-12.8 s (mean 6.7 s, start-up
+and 4 evaluations of 256 prompts included). Full study: 3 families x 3 rates x 2 seeds = 18 selection runs
++ 10 arms x 8 seeds = 98 runs of STEPS = 240 steps, about 98 x 4 x 6.7 s + 64 s = 45 minutes at that
+load (staleness.py's step times at load 6-9, 0.16-0.22 s, would make it about 85); run it with --resume.
+--quick: 10 arms x 2 seeds of 60 steps at QUICK_RATE, no selection (not the full protocol): 20 runs,
+about 4 minutes.
 """
 
 import math
