@@ -40,14 +40,13 @@ steps, about 100 runs x 45 s (start-up, 240 x 0.12 s, 9 evaluations) + the warm 
 60 steps at QUICK_RATE, no selection (not the full protocol): 22 runs x about 20 s, about 8-10 minutes.
 """
 
-from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
-
 from grpo_jax.config import override
 
+import arithmetic_setting
 import protocol
 import study
+from arithmetic_setting import RATES, WARM_START
 from study import final_accuracy, reward
-from warm_start import WarmStart
 
 GSPO = "arXiv 2507.18071 (GSPO)"
 TIS = "Yao et al. 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy RL Training' (truncated IS)"
@@ -64,8 +63,6 @@ ARMS = {"grpo": ("grpo", ""), "gspo": ("gspo", ""), "gspo_token": ("gspo_token",
         **{f"{f}{s}": (f, s) for f in ("grpo", "gspo") for s in ("_bf16", "_noise")},
         "grpo_noise_tis": ("grpo", "_noise_tis"), "gspo_noise_seqmask": ("gspo", "_noise_seqmask"),
         **{f"{f}_noise_rollout": (f, "_noise_rollout") for f in ("grpo", "gspo")}}
-WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
-RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 
 
 CLAIMS = (
@@ -131,11 +128,7 @@ TABLE = {
 
 
 def get_study(quick: bool) -> study.Study:
-    base = override(quickstart_config(), [
-        "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
-        f"train.steps={QUICK_STEPS if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=2",
-        "train.eval_prompts=256", f"train.eval_every={20 if quick else 30}", f"train.checkpoint_every={30 if quick else 60}",
-    ])
+    base = arithmetic_setting.base(quick, minibatches=2)
     return study.Study(
         name="infra_mismatch",
         arms={arm: override(base, [*FAMILIES[family], *SAMPLERS[sampler]]) for arm, (family, sampler) in ARMS.items()},

@@ -51,14 +51,13 @@ about 4 minutes.
 
 import math
 
-from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
-
 from grpo_jax.config import override
 
+import arithmetic_setting
 import protocol
 import study
+from arithmetic_setting import RATES, WARM_START
 from study import final_accuracy, reward
-from warm_start import WarmStart
 
 S_GRPO = "arXiv 2508.05928 (S-GRPO)"
 S_GRPO_P = 0.15  # the authors' train/Qwen2.5-math-1.5B_S-GRPO.sh
@@ -67,8 +66,6 @@ NULL = ("grpo_n0", "grpo_n0_resampled")
 FAMILIES = {"grpo": ["algorithm.preset=grpo", "algorithm.beta=0"], "dr_grpo": ["algorithm.preset=dr_grpo"],
             "s_grpo": ["algorithm.preset=s_grpo", f"algorithm.advantage.noise_rate={S_GRPO_P}"]}
 ARMS = {**{f"{f}_n{k}": (f, k) for f in FAMILIES for k in NOISE}, NULL[1]: ("grpo", 0)}
-WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
-RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 
 
 def true_accuracy(row: dict) -> float | None:
@@ -158,11 +155,7 @@ TABLE = {
 
 
 def get_study(quick: bool) -> study.Study:
-    base = override(quickstart_config(), [
-        "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
-        f"train.steps={QUICK_STEPS if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=1",
-        "train.eval_prompts=256", f"train.eval_every={20 if quick else 30}", f"train.checkpoint_every={30 if quick else 60}",
-    ])
+    base = arithmetic_setting.base(quick, minibatches=1)
     panels = ("reward/mean", "accuracy_true", "eval/accuracy_greedy", "advantage/std")
     return study.Study(
         name="noisy_rewards",

@@ -53,14 +53,13 @@ measured at load 4.4, 0.086 s a step against grpo_k8's 0.098 s) add 3 x 8 runs, 
 minutes: about 95 minutes in all (110 runs), 26 runs and about 9 minutes under --quick.
 """
 
-from configs.quickstart import get_config as quickstart_config  # experiments/configs/quickstart.py
-
 from grpo_jax.config import override
 
+import arithmetic_setting
 import protocol
 import study
+from arithmetic_setting import RATES, WARM_START
 from study import final_accuracy, reward
-from warm_start import WarmStart
 
 OFF_POLICY = "arXiv 2505.22257 (off-policy GRPO)"
 INERTIAL = "arXiv 2606.30789 (Predictable GRPO)"
@@ -76,8 +75,6 @@ CORRECTIONS = {"": [], "_tis": ["algorithm.tis_level=token"],
                "_seqmask": ["algorithm.tis_level=sequence", "algorithm.tis_mode=mask"]}
 ARMS = {**{f"grpo_k{k}": ("grpo", k) for k in STALENESS}, **{f"gspo_k{k}": ("gspo", k) for k in STALENESS[1:]},
         "gspo_token_k0": ("gspo_token", 0), **{f"grpo_k{MAX}_decoupled{c}": ("grpo", MAX) for c in CORRECTIONS}}
-WARM_START = WarmStart(accuracy=0.25, batch_size=64, eval_every=25)
-RATES, QUICK_RATE, STEPS, QUICK_STEPS = (2.5e-4, 5e-4, 1e-3), 5e-4, 240, 60
 # Non-inferiority margin in training reward (mean over the run), declared before any run: the pilot's
 # on-policy run gained 0.08 in its first 40 steps.
 MARGIN = 0.03
@@ -147,11 +144,7 @@ def decoupled(arm: str) -> list[str]:
 
 
 def get_study(quick: bool) -> study.Study:
-    base = override(quickstart_config(), [
-        "reward.num_workers=0", "optim.schedule=constant", f"optim.learning_rate={QUICK_RATE}", "optim.warmup_steps=10",
-        f"train.steps={QUICK_STEPS if quick else STEPS}", "train.prompts_per_step=32", "train.minibatches=1",
-        "train.eval_prompts=256", f"train.eval_every={20 if quick else 30}", f"train.checkpoint_every={30 if quick else 60}",
-    ])
+    base = arithmetic_setting.base(quick, minibatches=1)
     return study.Study(
         name="staleness",
         arms={arm: override(base, [*FAMILIES[family], f"train.max_staleness={k}", *decoupled(arm)])
