@@ -18,7 +18,7 @@ checks that every sampler produced exactly L_r for every row, on every call.
 
 Samplers, each in its own process (its compile time alone, its own peak RSS), timed interleaved:
   grpo_jax   `sampling.rollout(..., processor=force_lengths(...))` at `decode_slots` = rows (all
-             rows at once), rows / 2, rows / 4, rows / 8; compiled ahead of time (`compile s`).
+             rows at once), rows / 2, rows / 4, rows / 8, rows / 16; compiled ahead of time (`compile s`).
   lock-step  `grpo_jax.sampling` of commit 1872f66 (`git archive` into a temporary directory, first on
              sys.path), its default `cache_segments=4`: every row decodes until the longest has stopped;
              the lengths are forced by wrapping that module's `prefill` (token 0) and `decode_step`
@@ -60,7 +60,7 @@ MODEL = dict(model_type="qwen3", vocab_size=4096, hidden_size=128, intermediate_
 STOP, PAD = 1, 0  # prompts and sampled tokens avoid neither; prompts use ids >= 3
 PROMPTS, PROMPT_LEN = 2, 64  # distinct prompts of PROMPT_LEN // 2 .. PROMPT_LEN tokens
 SIGMA, MEDIAN_FRACTION = 1.15, 1 / 8
-SLOT_DIVISORS = (1, 2, 4, 8)  # decode_slots = rows / each
+SLOT_DIVISORS = (1, 2, 4, 8, 16)  # decode_slots = rows / each
 QUICK = dict(caps=[64, 320], groups=[2, 4], reps=1)
 
 
