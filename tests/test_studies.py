@@ -370,9 +370,9 @@ def test_moe_routing(tmp_path):
 
 def test_staleness(tmp_path):
     # GRPO and GSPO at every k (GSPO's k = 0 run is GRPO's: one on-policy update, ratio 1), the null pair
-    # at k = 0, GRPO at k = 8 under the decoupled proximal with each correction; the rate chosen once, on
-    # grpo_k0, and followed by every other arm; one on-policy update per rollout batch, so staleness is all
-    # that is off-policy.
+    # at k = 0, GRPO at k = 8 under the decoupled proximal with each correction, GSPO with none and the
+    # sequence mask; the rate chosen once, on grpo_k0, and followed by every other arm; one on-policy
+    # update per rollout batch, so staleness is all that is off-policy.
     full = staleness.get_study(quick=False)
     arms = {a: (c.algorithm.loss.name, c.train.max_staleness, c.train.proximal, c.algorithm.tis_level, c.algorithm.tis_mode)
             for a, c in full.arms.items()}
@@ -381,13 +381,15 @@ def test_staleness(tmp_path):
                     **{f"gspo_k{k}": ("gspo", k, *coupled) for k in (1, 2, 4, 8)}, "gspo_token_k0": ("gspo_token", 0, *coupled),
                     "grpo_k8_decoupled": ("ppo_clip", 8, "trainer", None, "truncate"),
                     "grpo_k8_decoupled_tis": ("ppo_clip", 8, "trainer", "token", "truncate"),
-                    "grpo_k8_decoupled_seqmask": ("ppo_clip", 8, "trainer", "sequence", "mask")}
+                    "grpo_k8_decoupled_seqmask": ("ppo_clip", 8, "trainer", "sequence", "mask"),
+                    "gspo_k8_decoupled": ("gspo", 8, "trainer", None, "truncate"),
+                    "gspo_k8_decoupled_seqmask": ("gspo", 8, "trainer", "sequence", "mask")}
     assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta) for c in full.arms.values()} == {(1, 1, 0.0)}
     assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo_k0", "gspo_token_k0")
     assert list(study.trials(full)) == [f"grpo_k0@{lr:g}" for lr in full.learning_rates]
     assert study.followers(full) == {a: ("grpo_k0", 1.0) for a in full.arms if a != "grpo_k0"}
     # Each kind of arm through the harness: on-policy, stale GRPO and GSPO, the null control, the decoupled
-    # proximal with and without a correction (claims 1 and 4; 2 and 3 need k = 4 and 8)
+    # proximal with and without a correction (claims 1 and 4; 2, 3 and 5 need k = 4 and 8, GSPO decoupled)
     s, summary = run_tiny(staleness, tmp_path, arms=("grpo_k0", "grpo_k1", "grpo_k2", "gspo_k2", "gspo_token_k0",
                                                      "grpo_k8_decoupled", "grpo_k8_decoupled_tis"))
     check_outputs(s, summary, tmp_path, staleness.claims)
@@ -408,8 +410,9 @@ def test_staleness(tmp_path):
         weight = [r.get("tis_weight_mean") for r in rows]
         assert weight == [None, None] if cfg.algorithm.tis_level is None else abs(weight[1] - 1) > 1e-4, arm
     assert [c["source"].split(" (")[0] for c in summary["claims"]] == ["arXiv 2505.22257", "arXiv 2606.30789",
-                                                                       "arXiv 2507.18071", "arXiv 2505.24298"]
-    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, True, True, False]
+                                                                       "arXiv 2507.18071", "arXiv 2505.24298",
+                                                                       "arXiv 2507.18071"]
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, True, True, False, True]
 
 
 def test_infra_mismatch(tmp_path):
