@@ -43,8 +43,8 @@ Corrections run only under the decoupled proximal: they weigh l^old - l^samp, an
 very params that sampled they see the sampler/trainer numerics only. Measured in a pilot at k = 8 (seed
 0, 40 steps, proximal "sampler"): mean |l^old - l^samp| 6e-7 (max 2e-5), token TIS's mean weight
 1 - 3e-9, and the run's reward and held-out accuracies those of the uncorrected run: a comparison that
-cannot fail for the right reason. GSPO's token TIS is not run (cost; the sequence mask is its
-sequence-level correction).
+cannot fail for the right reason. GSPO takes no token TIS: its loss is per completion, and the library
+refuses a token-level correction there (AlgorithmConfig), so the sequence mask is its correction.
 
 Measured, not guessed (--quick: 2 cores shared with another study's run, load 5.8 to 8.2): a step takes
 0.16-0.22 s at every k (k > 0 adds the l^old forward; sampling ahead overlaps little on 2 cores), a
