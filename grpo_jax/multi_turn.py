@@ -22,12 +22,18 @@ a rerun from the same params and rng is the same trajectory.
 Over several processes each process decodes, steps and tokenizes its own rows (`sharding.process_rows`);
 the turns run in step, until no process has a row left.
 
+Rows whose trajectory has ended leave the batch at the next turn: a turn decodes only the live rows
+(`_turn_rows`), gathered from the cache into a batch of the live count's next power of two (at least
+one row per batch device) and written back after it. Within a turn, rows that stopped wait for the
+turn's longest row (their writes dropped).
+
 `extend` attends over the row's whole cache each token (a dense cache, not the slot blocks of
 `sampling`): what multi-turn tool use needs at the scale of the tests and the study.
 """
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import Array, Bool, Float, Int, Key, UInt32
 
-from grpo_jax import envs, models, sampling, sharding
+from grpo_jax import distributed, envs, models, sampling, sharding
 from grpo_jax.config import ModelConfig, SamplingConfig
 
 
@@ -98,6 +104,35 @@ def _cache_shardings(mesh: Mesh) -> dict:
 
 def _on_rows(mesh: Mesh | None, cache: dict) -> dict:
     return cache if mesh is None else jax.lax.with_sharding_constraint(cache, _cache_shardings(mesh))
+
+
+_ROW_AXIS = dict(k=1, v=1, segment_ids=0, written=0)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _take_rows(mesh: Mesh | None, cache: dict, rows: Int[Array, "sub"]) -> dict:
+    """The cache of rows `rows`, a batch of their own."""
+    return _on_rows(mesh, {name: jnp.take(a, rows, axis=_ROW_AXIS[name]) for name, a in cache.items()})
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _put_rows(mesh: Mesh | None, cache: dict, sub: dict, rows: Int[Array, "sub"]) -> dict:
+    """`cache` with rows `rows` replaced by `sub`'s (`_take_rows`' inverse)."""
+    put = lambda a, b, axis: a.at[(slice(None),) * axis + (rows,)].set(b)  # noqa: E731
+    return _on_rows(mesh, {name: put(a, sub[name], _ROW_AXIS[name]) for name, a in cache.items()})
+
+
+def _turn_rows(count: Int[np.ndarray, "rows"], shards: int) -> np.ndarray:
+    """This process's rows (indices into its `count`) that decode the next turn: the live ones (count > 0),
+    then ended ones up to the turn's batch, the same size on every process: the most live rows of any
+    process rounded up to a power of two times its `shards` (batch devices), at most all its rows.
+    Empty once every process's rows have ended."""
+    live = np.flatnonzero(count)
+    most = max(distributed.all_gather_json(len(live)))
+    if most == 0:
+        return live
+    size = min(len(count), shards * 2 ** math.ceil(math.log2(math.ceil(most / shards))))
+    return np.sort(np.concatenate([live, np.flatnonzero(count == 0)[: size - len(live)]]))
 
 
 def _feed(cfg: ModelConfig, params, cache: dict, tokens: Int[Array, "rows time"], count: Int[Array, "rows"]):
@@ -190,13 +225,19 @@ def rollout(
     budget, g = sampling_cfg.max_new_tokens, sampling_cfg.group_size
     n, width = row_prompts.tokens.shape
     mine = np.arange(n) if mesh is None else sharding.process_rows(mesh, n)
-    put, read = (lambda tree: jax.tree.map(jnp.asarray, tree), np.asarray) if mesh is None else (
-        lambda tree: sharding.global_batch(tree, mesh, n), lambda x: sharding.local_rows(x, mine))
+    rows = len(mine)
+
+    def put(tree, size=n):  # this process's rows of a `size`-row batch -> global arrays
+        return jax.tree.map(jnp.asarray, tree) if mesh is None else sharding.global_batch(tree, mesh, size)
+
+    def read(x):  # this process's rows of a global array
+        return np.asarray(x) if mesh is None else sharding.local_rows(x, sharding.process_rows(mesh, x.shape[0]))
+
     prompts, lengths = read(row_prompts.tokens), read(row_prompts.lengths)
-    keys = put(np.asarray(jax.random.key_data(sampling.row_keys(rng, n // g, g)))[mine])
+    keys = np.asarray(jax.random.key_data(sampling.row_keys(rng, n // g, g)))[mine]
     cache = jax.jit(functools.partial(_init_cache, cfg, n, width + budget),
                     out_shardings=None if mesh is None else _cache_shardings(mesh))()
-    rows = len(mine)
+    shards = rows * (1 if mesh is None else math.prod(mesh.shape[a] for a in sharding.RULES["batch"])) // n
     chunk = np.zeros((rows, width), np.int32)  # right-aligned: a turn's new tokens come first
     for b in range(rows):
         chunk[b, : lengths[b]] = prompts[b, width - lengths[b]:]
@@ -206,19 +247,29 @@ def rollout(
     turns = [Turns() for _ in range(rows)]
     obs_width = 1 + env.max_observation_tokens
     for t in range(env.max_turns):
-        live = put(count)
-        if not bool(jnp.any(live > 0)):  # every process's rows have ended
+        sel = _turn_rows(count, shards)
+        if not sel.size:  # every process's rows have ended
             break
-        out, lps, n_new, cache = turn(cfg, sampling_cfg, stop, mesh, params, cache, put(chunk), live, keys,
-                                      put(used), put(budget - used))
+        size = len(sel) * n // rows
+        if size < n:
+            at = put(mine[sel], size)
+            sub = _take_rows(mesh, cache, at)
+        else:
+            sub = cache
+        out, lps, n_new, sub = turn(cfg, sampling_cfg, stop, mesh, params, sub, put(chunk[sel], size),
+                                    put(count[sel], size), put(keys[sel], size), put(used[sel], size),
+                                    put(budget - used[sel], size))
+        cache = _put_rows(mesh, cache, sub, at) if size < n else sub
         out, lps, n_new = read(out), read(lps), read(n_new)
         chunk, nxt = np.zeros((rows, obs_width), np.int32), np.zeros(rows, np.int32)
-        for b in np.flatnonzero(count):
-            k, u = int(n_new[b]), int(used[b])
-            tokens[b, u: u + k], mask[b, u: u + k], logprobs[b, u: u + k] = out[b, :k], True, lps[b, :k]
+        for j, b in enumerate(sel):
+            if not count[b]:
+                continue
+            k, u = int(n_new[j]), int(used[b])
+            tokens[b, u: u + k], mask[b, u: u + k], logprobs[b, u: u + k] = out[j, :k], True, lps[j, :k]
             used[b] += k
             last = bool(t == env.max_turns - 1 or used[b] == budget)
-            text, r = tokenizer.decode(out[b, :k]), turns[b]
+            text, r = tokenizer.decode(out[j, :k]), turns[b]
             step = env.step(envs.State(examples[b], tuple(r.completions), tuple(r.observations), last), text)
             r.completions.append(text), r.rewards.append(float(step.reward)), r.lengths.append(k)
             truncated[b] = used[b] == budget and not step.done
@@ -228,6 +279,6 @@ def rollout(
             r.observations.append(step.observation)
             tokens[b, used[b]: used[b] + len(obs)] = obs
             used[b] += len(obs)
-            chunk[b, : 1 + len(obs)], nxt[b] = [out[b, k - 1], *obs], 1 + len(obs)
+            chunk[b, : 1 + len(obs)], nxt[b] = [out[j, k - 1], *obs], 1 + len(obs)
         count = nxt
     return put(sampling.Rollout(tokens, mask, logprobs, used, truncated)), turns

@@ -116,6 +116,39 @@ def test_observations_get_exactly_zero_gradient_and_stay_out_of_the_normalizers(
     np.testing.assert_allclose(np.asarray(grads[0]), expect, rtol=2e-5, atol=1e-7)
 
 
+def test_ended_rows_leave_the_batch_and_the_others_keep_their_trajectories(sampled, monkeypatch):
+    """The first two prompts' trajectories end after one turn: the later turns decode only the other four
+    rows (a batch of 4, not 8; on a mesh of 2 batch devices too), gathered from the cache and written back.
+    Those rows' trajectories are the ones they have in a batch where every row goes on (`sampled`), and
+    their log-probs a full forward's."""
+    params, prompts, rows, full_rollout, full_turns = sampled
+
+    @dataclasses.dataclass(frozen=True)
+    class EchoOrStop(Echo):
+        def step(self, state, completion):
+            step = super().step(state, completion)
+            return step._replace(done=step.done or state.example["prompt"] in ("12+3=", "7*8="))
+
+    batches = []
+    turn = multi_turn.turn
+    monkeypatch.setattr(multi_turn, "turn", lambda *a: batches.append(a[6].shape[0]) or turn(*a))
+    mesh = sharding.make_mesh(MeshConfig(data=2), jax.devices()[:2])
+    for m in (None, mesh):
+        batches.clear()
+        args = (prompts, params) if m is None else (sharding.global_batch(prompts, m), models.shard_params(params, CFG, m))
+        rollout, turns = multi_turn.rollout(CFG, SCFG, EchoOrStop(max_turns=5), TOK, m, args[1], args[0], rows,
+                                            jax.random.key(3))
+        assert batches == [8, 4, 4]
+        assert [len(r.completions) for r in turns] == [1] * 4 + [3] * 4
+        assert turns[4:] == full_turns[4:] and [r.completions for r in turns[:4]] == [[r.completions[0]] for r in full_turns[:4]]
+        np.testing.assert_array_equal(np.asarray(rollout.tokens)[4:], np.asarray(full_rollout.tokens)[4:])
+        np.testing.assert_allclose(np.asarray(rollout.logprobs)[4:], np.asarray(full_rollout.logprobs)[4:], rtol=0, atol=2e-5)
+        full, positions, segments = ts.sequences(prompts.tokens, prompts.lengths, np.asarray(rollout.tokens))
+        logp, _ = ts.completion_logprobs(CFG, SCFG.temperature, params, full, positions, segments,
+                                         jnp.asarray(rollout.mask, jnp.float32))
+        np.testing.assert_allclose(np.where(rollout.mask, logp, 0.0), rollout.logprobs, rtol=0, atol=2e-5)
+
+
 def test_turn_limit_and_token_budget(sampled):
     """Two turns at most: the second is the last (`State.last`) and its observation is dropped; a
     budget of 16 tokens ends trajectories mid-turn (truncated) and cuts observations to fit; what the
