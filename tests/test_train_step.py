@@ -342,3 +342,28 @@ def test_old_logprobs_are_required_off_policy(params, rollouts):
     sgd = optax.sgd(1.0)
     with pytest.raises(ValueError, match="old_logp is None.*train.minibatches=2"):
         ts.train_step(cfg, sgd, ts.init_state(params, sgd), None, batch)
+
+
+def test_log_ratio_extremes_against_float64_numpy(params, rollouts):
+    """The step's token log-ratio extremes (the GMPO paper's ratio range: experiments/method_orderings.py):
+    log_ratio_abs_max, ratio_max and ratio_min of two updates over 2 micro-batches each, merged as the
+    trainer merges a step's updates, equal max |l - l^old|, exp(max) and exp(min) over the counted tokens of
+    both updates, each update's l from the full-logits reference at its params, in float64 numpy."""
+    cfg = config("grpo", 2)
+    batch = make_batch(rollouts, 0.2)
+    ref_params = jax.tree.map(lambda p: p * 1.01, params)  # its KL term (beta 0.04) does not enter the ratios
+    step, state = compiled("grpo", "1 device", params)
+    mask = np.asarray(batch.mask) > 0
+    parts, d = [], []
+    for _ in range(2):  # each update's forward is at the params before it
+        logp, _ = jax.jit(reference_logprobs, static_argnums=4)(state.params, batch.tokens, batch.positions,
+                                                                batch.segment_ids, cfg.sampling.temperature)
+        d.append((np.asarray(logp, np.float64) - np.asarray(batch.old_logp, np.float64))[mask])
+        state, metrics = step(state, ref_params, batch)
+        parts.append(metrics)
+    d = np.concatenate(d)
+    m = metrics_lib.finalize(metrics_lib.combine_all(parts))
+    assert np.abs(d).max() > 0.3  # l^old's noise (0.2) puts ratios well away from 1
+    np.testing.assert_allclose(m["log_ratio_abs_max"], np.abs(d).max(), rtol=1e-4)
+    np.testing.assert_allclose(m["ratio_max"], np.exp(d.max()), rtol=1e-4)
+    np.testing.assert_allclose(m["ratio_min"], np.exp(d.min()), rtol=1e-4)
