@@ -37,8 +37,9 @@ random order, so commuted forms of a solution are all in the warm start's distri
 held-out accuracy. The mechanism is there: 64 samples per held-out problem from the seed-0 warm start
 (grpo_jax.evaluate.sample_set, once, outside the study) solved 235 of 256 problems, 77% of them with two
 distinct correct expressions or more (2.8 on average, up to 8: "1,1,6>6:" drew (6-1)+1 three times,
-(1-1)+6 twice, (6+1)-1, (6*1)/1, (1+6)-1 and (6/1)/1 once each). Groups are of GROUP = 32 samples, the paper's (the authors' lean.num_samples=32), 8
-prompts a step (the arithmetic setting's 256 completions a step): the reward acts only where a group has
+(1-1)+6 twice, (6+1)-1, (6*1)/1, (1+6)-1 and (6/1)/1 once each). Groups are of GROUP = 32 samples, the
+paper's (the authors' lean.num_samples=32), 8 prompts a step (the arithmetic setting's 256 completions a
+step): the reward acts only where a group has
 two correct samples or more (one correct sample's scale the group-std advantage divides out), and at 8
 samples and a training accuracy of 10-25% most groups have one or none (trials on seed 0, 60 steps:
 with groups of 8, 32 prompts a step, pass@64 0.742 with the reward against GRPO's 0.746; with groups of
