@@ -261,6 +261,7 @@ class ModelOptions:
     compute_dtype: str = "float32"  # activations and matmul inputs
     remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
     attention: str = "xla"
+    decode_attention: str = "auto"  # the sampler's decode step: auto (Pallas kernel on TPU, else xla) | xla | pallas
     moe_impl: str = "dense"  # dense (every expert on every token) | ragged (grouped by expert)
     logprobs_impl: str = "auto"  # auto (pallas on TPU, else chunked) | naive (full logits) | chunked | pallas
     layer_loop: str = "auto"  # auto (by backend: models.decoder.layers_unrolled) | scan | unrolled
@@ -411,7 +412,7 @@ RESUMABLE = (
     "train.eval_every", "train.eval_prompts", "train.eval_benchmarks", "train.out_dir", "train.checkpoint_every", "train.keep_checkpoints",
     "train.export_hf", "train.max_skipped_steps", "train.eval_samples", "train.log_completions_every",
     "train.compilation_cache_dir", "train.prefix_grouper", "train.packing", "train.length_buckets", "train.compare_routes", "train.report_to", "mesh.", "reward.num_workers", "reward.timeout_s",
-    "model.remat", "model.attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
+    "model.remat", "model.attention", "model.decode_attention", "model.moe_impl", "model.logprobs_impl", "model.layer_loop", "sampling.decode_slots",
     "model_options.",  # for a model_path; stored as defaults (the trainer moves them into model)
     "model.scan_layers",  # layer_loop's name until 2026-11-27, in the checkpoints saved before
     "sampling.cache_segments",  # the segmented KV cache's option until continuous batching (2026-11-27)
@@ -455,7 +456,9 @@ def upgrade(saved: dict) -> dict:
 
 @functools.cache
 def _defaults() -> dict:
-    return json.loads(json.dumps(flatten(Config(model_path="-"))))
+    """Every field's default; a ModelConfig's run fields (`model.*`) default as ModelOptions' do."""
+    defaults = json.loads(json.dumps(flatten(Config(model_path="-"))))
+    return {**defaults, **{f"model.{f}": defaults[f"model_options.{f}"] for f in RUN_FIELDS}}
 
 
 def with_defaults(saved: dict, now: dict) -> dict:

@@ -88,3 +88,27 @@ def test_cpu_runs_the_interpreted_kernels_it_is_asked_for(interpret_as):
                                                 interpret_as=interpret_as), "cpu", h, w)
     assert "custom_call" not in text
     assert ("tensor<32x16xf32>" in text) == (interpret_as == "gpu")
+
+
+@pytest.mark.parametrize("layer_loop", ["scan", "unrolled"])
+def test_a_decode_step_lowers_the_slot_attention_kernel_for_tpu_only(layer_loop):
+    """`decode_attention="auto"`: a TPU decode step runs kernels.slot_attention (Mosaic), one per layer
+    (the scanned layout's one in the scan body, reading its layer of the stacked blocks); CUDA and CPU
+    lower the plain path, with no kernel."""
+    from grpo_jax import models
+
+    cfg = models.ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=256, intermediate_size=512, num_layers=2,
+                             num_heads=4, num_kv_heads=2, head_dim=64, eos_token_id=5, layer_loop=layer_loop,
+                             compute_dtype="bfloat16")
+    params = models.init(cfg, jax.random.key(0))
+    tokens = jnp.ones((2, 16), jnp.int32)
+    _, kv, _ = models.prefill(cfg, params, tokens, jnp.tile(jnp.arange(16), (2, 1)), jnp.ones((2, 16), jnp.int32))
+    cache = models.init_cache(cfg, kv, jnp.ones((2, 16), bool), 4, 600)  # 3 blocks of 256 own places
+
+    def step(params, cache, written):
+        return models.decode(cfg, params, cache, jnp.ones(4, jnp.int32), written + 16, written,
+                             jnp.array([[0, 0, 1, 1]]))[0]
+
+    calls = {p: _lowered(step, p, params, cache, jnp.arange(4)).count(KERNEL_CALL.get(p, "custom_call"))
+             for p in ("tpu", "cuda", "cpu")}
+    assert calls == {"tpu": 1 if layer_loop == "scan" else 2, "cuda": 0, "cpu": 0}

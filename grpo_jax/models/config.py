@@ -19,8 +19,10 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
+DECODE_ATTENTION = ("auto", "xla", "pallas")  # auto: the Pallas kernel on TPU, xla elsewhere
 LAYER_LOOPS = ("auto", "scan", "unrolled")  # auto: unrolled on CPU (training under remat: scan), scan elsewhere
-RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "moe_impl", "logprobs_impl", "layer_loop")  # how, not what
+RUN_FIELDS = ("dtype", "compute_dtype", "remat", "attention", "decode_attention", "moe_impl", "logprobs_impl",
+              "layer_loop")  # how, not what
 
 
 def check_run_fields(options, owner: str) -> None:
@@ -29,7 +31,7 @@ def check_run_fields(options, owner: str) -> None:
     from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
     known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
-             "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "layer_loop": LAYER_LOOPS}
+             "decode_attention": DECODE_ATTENTION, "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "layer_loop": LAYER_LOOPS}
     for field, choices in known.items():
         value = getattr(options, field)
         if value not in choices:
@@ -78,6 +80,7 @@ class ModelConfig:
     compute_dtype: str = "float32"  # activations and matmul inputs
     remat: str = "none"  # per layer: none | full | dots (save only weight-matmul outputs)
     attention: str = "xla"  # a key of grpo_jax.models.decoder.ATTENTION
+    decode_attention: str = "auto"  # the sampler's decode step: auto (pallas on TPU, else xla) | xla | pallas
     moe_impl: str = "dense"  # a key of grpo_jax.models.decoder.MOE: dense | ragged
     logprobs_impl: str = "auto"  # training log-probs, kernels.fused_logprobs: auto | naive | chunked | pallas
     layer_loop: str = "auto"  # auto | scan (one jax.lax.scan) | unrolled; training and sampling. auto: by backend,

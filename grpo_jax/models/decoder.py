@@ -24,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
+import kernels
 from grpo_jax.models.config import ModelConfig
+from kernels._launch import per_platform
 from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
 from grpo_jax.typecheck import checked
 
@@ -295,8 +297,7 @@ def _attention(cfg, p, x, positions, segment_ids, k_segment_ids, index, prefix=N
         size = kv[1][0].shape[-2]  # tokens per block
         kv = ([_write_slots(b, k[..., 0], slots.written - i * size, -1, layer) for i, b in enumerate(kv[0])],
               [_write_slots(b, v[:, :, 0], slots.written - i * size, -2, layer) for i, b in enumerate(kv[1])])
-        mine = kv if layer is None else tuple([b[layer] for b in blocks] for blocks in kv)
-        out = _slot_attention(q, prefix, mine, slots)
+        out = _decode_attention(cfg, q, prefix, kv, layer, slots)
     else:
         if prefix is not None:
             k, v = jnp.concatenate([prefix[0], k], axis=3), jnp.concatenate([prefix[1], v], axis=2)
@@ -377,6 +378,49 @@ def _slot_attention(q, prefix, own, slots: _Slots):
         state = block(state) if i == 0 else jax.lax.cond(i < slots.blocks, block, lambda state: state, state)
     _, total, acc = state
     return (acc / total).reshape(s, 1, n, hd).astype(q.dtype)
+
+
+def _decode_attention(cfg, q, prefix, kv, layer, slots: _Slots):
+    """A decode step's attention (`_attention` with slots) by `cfg.decode_attention`: the plain jnp
+    `_slot_attention`, or the Pallas TPU kernel `kernels.slot_attention` (each slot reads only its own
+    written blocks; interpreted on CPU). "auto": the kernel on TPU, the plain path elsewhere. Under a
+    mesh the kernel runs per device in a shard_map laid out as the cache is (`cache_specs`)."""
+    def plain():
+        return _slot_attention(q, prefix, kv if layer is None else tuple([b[layer] for b in blocks] for blocks in kv),
+                               slots)
+
+    if cfg.decode_attention == "xla":
+        return plain()
+    if cfg.decode_attention == "pallas" and jax.default_backend() not in ("cpu", "tpu"):
+        raise ValueError(f"ModelConfig.decode_attention='pallas' is a TPU kernel (interpreted on CPU); on "
+                         f"{jax.default_backend()} use 'auto' or 'xla'")
+    s, _, n, hd = q.shape
+    kv_heads = prefix[0].shape[1]
+    unit = kv[0][0].ndim == 3 + (layer is not None)  # one kv head: its own blocks stored without the axis
+    args = (q.reshape(s, kv_heads, n // kv_heads, hd), *prefix, slots.prefix_valid, slots.prompt, *kv,
+            slots.written, jnp.zeros((), jnp.int32) if layer is None else layer)
+
+    def kernel(interpret: bool):
+        def run(q, pk, pv, valid, prompt, k, v, written, layer_):
+            return kernels.slot_attention(q, pk, pv, valid, prompt, k, v, written, None if layer is None else layer_,
+                                          interpret=interpret)
+
+        mesh = jax.sharding.get_abstract_mesh()
+        if not mesh.empty:
+            heads = (None, "heads") if unit else ("kv_heads", None)
+            lead = () if layer is None else ("layers",)
+            own = (*lead, "batch") if unit else (*lead, "batch", "kv_heads")
+            axes = (("batch", *heads, None), ("batch", "kv_heads", None, "seq"), ("batch", "kv_heads", "seq", None),
+                    ("batch", "seq"), ("batch", None),
+                    [(*own, None, "seq")] * len(kv[0]), [(*own, "seq", None)] * len(kv[1]), ("batch",), ())
+            specs = jax.tree.map(lambda a, x: logical_spec(a, x.shape, mesh), axes, args,
+                                 is_leaf=lambda a: isinstance(a, tuple) and all(isinstance(n, str | None) for n in a))
+            run = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=specs[0], check_vma=False)
+        return run(*args).reshape(s, 1, n, hd)
+
+    if cfg.decode_attention == "pallas":
+        return per_platform(cpu=lambda: kernel(True), tpu=lambda: kernel(False), gpu=plain)()
+    return per_platform(cpu=plain, tpu=lambda: kernel(False), gpu=plain)()
 
 
 def _mlp(p, x):
