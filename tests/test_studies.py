@@ -20,11 +20,15 @@ from grpo_jax.rewards import functions
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "experiments"))
 
+import all_wrong_groups  # noqa: E402
 import gspo_vs_grpo  # noqa: E402
 import infra_mismatch  # noqa: E402
 import length_bias  # noqa: E402
+import method_orderings  # noqa: E402
 import moe_routing  # noqa: E402
+import multi_reward  # noqa: E402
 import noisy_rewards  # noqa: E402
+import pass_at_n  # noqa: E402
 import preset_table  # noqa: E402
 import prompt_samplers  # noqa: E402
 import staleness  # noqa: E402
@@ -604,3 +608,153 @@ def test_noisy_rewards(tmp_path):
             assert [noisy_rewards.true_accuracy(r) for r in rows] == [r["accuracy_clean"] for r in rows], arm
             assert all(0 <= r["accuracy_clean"] <= 1 for r in rows), arm
     assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, False, True, True]
+
+
+def test_multi_reward(tmp_path):
+    # Exact-match correctness and the format reward, weight 1 each, combined three ways: GRPO's sum then normalize,
+    # GDPO's normalize then sum (batch-standardized), MO-GRPO's normalize each; the null pair on GRPO.
+    full = multi_reward.get_study(quick=False)
+    combine = {a: c.algorithm.reward_combine for a, c in full.arms.items()}
+    assert combine == {"grpo": "sum_then_normalize", "gdpo": "normalize_then_sum", "mo_grpo": "normalize_each",
+                       "grpo_resampled": "sum_then_normalize"}
+    assert {(c.reward.names, c.reward.weights, c.sampling.max_new_tokens, c.algorithm.advantage.name,
+             c.algorithm.aggregation.name, c.algorithm.beta) for c in full.arms.values()} == {
+        (("exact", "format"), (1.0, 1.0), 8, "group_std", "seq_mean_token_mean", 0.0)}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo", "grpo_resampled")
+    assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in ("grpo", "gdpo", "mo_grpo") for lr in full.learning_rates)
+    assert study.followers(full) == {"grpo_resampled": ("grpo", 1.0)}
+    # The warm start formats about FORMAT_P of its targets, which both rewards score as intended.
+    rng = np.random.default_rng(0)
+    targets = [multi_reward.formatted_sometimes({"answer": "-12"}, rng) for _ in range(2000)]
+    assert set(targets) == {"-12", "####-12"} and abs(np.mean([t == "####-12" for t in targets]) - multi_reward.FORMAT_P) < 0.04
+    assert [(functions.exact_match("", t, {"answer": "-12"}), functions.answer_format("", t, {})) for t in ("-12", "####-12")] \
+        == [(1.0, 0.0), (1.0, 1.0)]
+    s, summary = run_tiny(multi_reward, tmp_path, arms=("grpo", "gdpo", "mo_grpo"))
+    check_outputs(s, summary, tmp_path, multi_reward.claims)
+    assert all(c["verdict"] != "not_run" for c in summary["claims"])  # every claim's arms ran (no null pair: no floor)
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm, cfg in s.arms.items():
+        rows = study.with_axes(stored[arm]["0"]["rows"], cfg, s.derive)
+        train, evals = [r for r in rows if r["step"] > 0 and "reward/mean" in r], [r for r in rows if "eval/reward_greedy" in r]
+        for r in train:  # per reward, and the collapse counts of every rollout batch
+            assert 0 <= r["reward/exact_match/mean"] <= 1 and 0 <= r["reward/answer_format/mean"] <= 1
+            assert r["merged_per_group"] == r["advantage/distinct_reward_combos"] - r["advantage/distinct_values"] >= 0
+            assert 1 <= r["advantage/distinct_values"] <= r["advantage/distinct_reward_combos"] <= 4
+        assert len(evals) == STEPS + 1
+        for r in evals:  # the held-out format rate: the weighted total less the exact reward's mean
+            assert r["format_held_out"] == r["eval/reward_greedy"] - r["eval/accuracy_greedy"] and -1e-3 <= r["format_held_out"] <= 1 + 1e-3
+
+
+def test_all_wrong_groups(tmp_path):
+    # GRPO, NGRPO, Dr. GRPO and NGRPO without its virtual sample from a 5% warm start (most groups all wrong), GRPO
+    # and NGRPO from the setting's 25%, the null pair on hard-split GRPO; 4 minibatches (the ratio leaves 1) and 8
+    # held-out samples per prompt (eval/pass@8: the all-wrong group fraction) in every arm.
+    full = all_wrong_groups.get_study(quick=False)
+    arms = {a: (c.algorithm.advantage.name, c.algorithm.loss.eps_low, c.algorithm.loss.eps_high, c.algorithm.aggregation.name,
+                full.warm_start_of(a).accuracy) for a, c in full.arms.items()}
+    grpo, ngrpo = ("group_std", 0.2, 0.2, "seq_mean_token_mean"), ("ngrpo", 0.16, 0.24, "token_mean")
+    assert arms == {"grpo": (*grpo, 0.05), "ngrpo": (*ngrpo, 0.05), "dr_grpo": ("group_mean", 0.2, 0.2, "seq_mean_token_sum_norm", 0.05),
+                    "ngrpo_no_calibration": ("group_std", 0.16, 0.24, "token_mean", 0.05), "grpo_resampled": (*grpo, 0.05),
+                    "grpo_easy": (*grpo, 0.25), "ngrpo_easy": (*ngrpo, 0.25)}
+    assert {(c.algorithm.advantage.max_reward, c.algorithm.advantage.virtual_samples) for a, c in full.arms.items()
+            if a.startswith("ngrpo") and a != "ngrpo_no_calibration"} == {(1.0, 1)}
+    assert {(c.train.minibatches, c.algorithm.num_iterations, c.algorithm.beta, c.train.eval_samples, c.sampling.group_size)
+            for c in full.arms.values()} == {(4, 1, 0.0, 8, 8)}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo", "grpo_resampled")
+    assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in full.arms if a != "grpo_resampled"
+                                                for lr in full.learning_rates)
+    assert study.followers(full) == {"grpo_resampled": ("grpo", 1.0)}
+    # GRPO, NGRPO and the null pair's second: claims 1-3 (4-6 need the no-calibration, easy-split and Dr. GRPO arms)
+    s, summary = run_tiny(all_wrong_groups, tmp_path, arms=("grpo", "ngrpo", "grpo_resampled"))
+    check_outputs(s, summary, tmp_path, all_wrong_groups.claims)
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False] * 3 + [True] * 3
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm, cfg in s.arms.items():
+        rows = study.with_axes(stored[arm]["0"]["rows"], cfg, s.derive)
+        evals, train = [r for r in rows if "eval/pass@8" in r], [r for r in rows if r["step"] > 0 and "accuracy" in r]
+        assert len(evals) == STEPS + 1 and all(r["all_wrong_held_out"] == 1 - r["eval/pass@8"] for r in evals)
+        assert all(0 <= r["all_wrong_held_out"] <= 1 - r["eval/accuracy_sampled"] + 1e-6 for r in evals)
+        for r in train:  # the bounds of the all-wrong training groups; NGRPO's exact value lies between them
+            assert 0 <= r["all_wrong_lower"] <= r["groups/zero_variance_frac"] <= 1
+            if arm == "ngrpo":
+                exact = r["groups/zero_variance_frac"] - r["advantage/zero_frac"]
+                assert r["all_wrong_lower"] - 1e-3 <= exact <= r["groups/zero_variance_frac"]
+            else:  # GRPO's all-wrong and all-correct groups both have advantage 0
+                assert r["advantage/zero_frac"] == r["groups/zero_variance_frac"]
+        run = study.Run(arm, 0, cfg, rows)
+        assert (all_wrong_groups.all_wrong_exact(run, 0, 1) >= 0) == (arm == "ngrpo")
+
+
+def test_method_orderings(tmp_path):
+    # Each paper's preset on the arithmetic setting; the ratio arms make 2 updates of 16 prompts' groups a step, GPG and
+    # OPO (no ratio) 1 update of 16 prompts a step for twice the steps: the same updates, tokens and evaluation points per
+    # update. Every arm keeps the warm start as a reference (beta 1e-6) for its KL; DAPO without its overlong shaping.
+    full = method_orderings.get_study(quick=False)
+    presets = {a: c.algorithm.loss.name for a, c in full.arms.items()}
+    assert presets == {"grpo": "ppo_clip", "gpg": "reinforce", "opo": "reinforce", "disco": "disco", "dhpo": "dhpo",
+                       "gmpo": "gmpo", "sapo": "sapo", "dapo": "ppo_clip", "gspo": "gspo", "gspo_token": "gspo_token",
+                       "gmpo_at_grpo_rate": "gmpo"}
+    assert full.arms["gpg"].algorithm.gpg_scale and full.arms["opo"].algorithm.advantage.name == "opo"
+    assert full.arms["dapo"].algorithm.dynamic_sampling and full.arms["dapo"].algorithm.overlong_buffer_frac == 0
+    assert full.arms["gmpo_at_grpo_rate"] == full.arms["gmpo"]
+    for arm, c in full.arms.items():
+        no_ratio = arm in ("gpg", "opo")
+        assert (c.train.minibatches, c.train.prompts_per_step, c.train.steps, c.train.eval_every) == (
+            (1, 16, 480, 60) if no_ratio else (2, 32, 240, 30)), arm
+        assert c.algorithm.beta == method_orderings.KL_PROBE and c.algorithm.num_iterations == 1
+        assert c.train.steps * c.train.minibatches == 480 and c.train.prompts_per_step // c.train.minibatches == 16
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("gspo", "gspo_token")
+    assert study.followers(full) == {"gspo_token": ("gspo", 1.0), "gmpo_at_grpo_rate": ("grpo", 1.0)}
+    assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in full.arms if a not in ("gspo_token", "gmpo_at_grpo_rate")
+                                                for lr in full.learning_rates)
+    # The ratio metrics read the logged rows: hand numbers (steps 1-20: max |log r| 0.1 up to step 7, then 0.2; the
+    # window 10-35% is steps 3-7, the last quarter steps 16-20); the area is the trapezoid over the evaluations.
+    cfg = override(full.arms["grpo"], ["train.steps=20"])
+    rows = [{"step": s, "log_ratio_abs_max": 0.1 if s <= 7 else 0.2} for s in range(1, 21)]
+    rows += [{"step": s, "eval/accuracy_greedy": a} for s, a in ((0, 0.2), (10, 0.4), (20, 0.4))]
+    run = study.Run("grpo", 0, cfg, rows)
+    assert method_orderings.ratio_growth(run) == pytest.approx(0.1)
+    assert method_orderings.ratio_extreme(run) == pytest.approx((5 * 0.1 + 13 * 0.2) / 18)
+    assert method_orderings.accuracy_area(run) == pytest.approx((0.3 * 10 + 0.4 * 10) / 20)
+    # GRPO, OPO (no ratio: one on-policy update, log r = 0) and GMPO at GRPO's rate: claims 4 and 9 are judged.
+    s, summary = run_tiny(method_orderings, tmp_path, ["grpo", "opo", "gmpo_at_grpo_rate"])
+    check_outputs(s, summary, tmp_path, method_orderings.claims)
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm in s.arms:
+        rows = [r for r in stored[arm]["0"]["rows"] if r["step"] > 0]
+        assert all(r["kl_k3_mean"] >= 0 and r["entropy_mean"] > 0 for r in rows), arm
+        assert all(r["log_ratio_abs_max"] == 0 if arm == "opo" else r["log_ratio_abs_max"] >= 0 for r in rows), arm
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [True, True, True, False, True, True, True, True, False]
+
+
+def test_pass_at_n(tmp_path):
+    # Rewarding the Unlikely (2506.02355) on terse countdown: GRPO, the unlikeliness reward (beta_rank 0.25), GRPO at
+    # 2 epochs per rollout batch, the null pair on GRPO; groups of 32 (the paper's), held-out pass@k from 64 samples.
+    full = pass_at_n.get_study(quick=False)
+    arms = {a: (c.algorithm.advantage.name, c.algorithm.unlikeliness, c.algorithm.num_iterations) for a, c in full.arms.items()}
+    assert arms == {"grpo": ("group_std", 0.0, 1), "unlikeliness": ("group_std", 0.25, 1),
+                    "grpo_epochs2": ("group_std", 0.0, 2), "grpo_resampled": ("group_std", 0.0, 1)}
+    assert {(c.train.minibatches, c.algorithm.beta, c.sampling.group_size, c.train.prompts_per_step, c.train.eval_samples,
+             c.sampling.temperature, c.reward.names) for c in full.arms.values()} == {(1, 0.0, 32, 8, 64, 1.0, ("countdown",))}
+    assert full.protocol_errors() == [] and full.warm_start_seed == 0 and full.null_pair == ("grpo", "grpo_resampled")
+    assert sorted(study.trials(full)) == sorted(f"{a}@{lr:g}" for a in ("grpo", "unlikeliness", "grpo_epochs2")
+                                                for lr in full.learning_rates)
+    assert study.followers(full) == {"grpo_resampled": ("grpo", 1.0)}
+    # The terse prompt is the task's problem, split and answer; several expressions are right.
+    task = full.arms["grpo"].task
+    terse, plain = task.sources(0)[1][3], super(pass_at_n.TerseCountdownConfig, task).sources(0)[1][3]
+    assert terse == {**plain, "prompt": ",".join(map(str, plain["numbers"])) + f">{plain['target']}:"}
+    a, b, c = terse["numbers"]
+    ok = [functions.countdown(terse["prompt"], e, terse) for e in (terse["solution"], f"({a}+{b})+{c}", f"{c}+({b}+{a})")]
+    assert ok[0] == 1.0 and ok[1] == ok[2]
+    s, summary = run_tiny(pass_at_n, tmp_path, arms=("grpo", "unlikeliness", "grpo_epochs2"))
+    check_outputs(s, summary, tmp_path, pass_at_n.claims)
+    stored = study.read_curves(tmp_path / "results" / study.CURVES)["runs"]
+    for arm in s.arms:
+        evals = [r for r in stored[arm]["0"]["rows"] if "eval/accuracy_greedy" in r]
+        assert all(0 <= r[f"eval/pass@{k}"] <= 1 for r in evals for k in (2, 4, 8, 16, 32, 64)), arm
+        assert all(r["eval/accuracy_sampled"] <= r["eval/pass@2"] <= r["eval/pass@64"] for r in evals), arm
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| warm start (step 0) |" in table and "N=64" in table
+    assert (tmp_path / "results" / "pass_at_n.png").read_bytes()[:4] == b"\x89PNG"
+    assert [c["verdict"] == "not_run" for c in summary["claims"]] == [False, False, False]
