@@ -83,7 +83,7 @@ import arithmetic_setting
 import protocol
 import study
 from arithmetic_setting import RATES, WARM_START
-from study import final_accuracy
+from study import final_accuracy, held_out_gain
 from warm_start import WarmStart
 
 NGRPO = "arXiv 2509.18851 (NGRPO)"
@@ -100,17 +100,6 @@ ARMS = {  # arm -> (family, warm start)
     "ngrpo_no_calibration": ("ngrpo_no_calibration", HARD), NULL[1]: ("grpo", HARD),
     "grpo_easy": ("grpo", WARM_START), "ngrpo_easy": ("ngrpo", WARM_START),
 }
-
-
-def warm_accuracy(run: study.Run) -> float:
-    """Held-out greedy accuracy before the first RL step: the warm start's, on this seed's held-out set."""
-    steps, acc = run.series("eval/accuracy_greedy", "step")
-    return float(acc[0]) if steps.size and steps[0] == 0 else math.nan
-
-
-def held_out_gain(run: study.Run) -> float:
-    """Held-out greedy accuracy over the last 20% of the run minus the warm start's."""
-    return final_accuracy(run) - warm_accuracy(run)
 
 
 def training_rise(run: study.Run) -> float:

@@ -49,15 +49,13 @@ load (staleness.py's step times at load 6-9, 0.16-0.22 s, would make it about 85
 about 4 minutes.
 """
 
-import math
-
 from grpo_jax.config import override
 
 import arithmetic_setting
 import protocol
 import study
 from arithmetic_setting import RATES, WARM_START
-from study import final_accuracy, reward
+from study import final_accuracy, held_out_gain, reward
 
 S_GRPO = "arXiv 2508.05928 (S-GRPO)"
 S_GRPO_P = 0.15  # the authors' train/Qwen2.5-math-1.5B_S-GRPO.sh
@@ -82,17 +80,6 @@ def training_accuracy(run: study.Run) -> float:
 def training_rise(run: study.Run) -> float:
     """The training rows' true accuracy over the last quarter of the run minus over its first quarter."""
     return run.mean("accuracy_true", 0.75) - run.mean("accuracy_true", 0.0, 0.25)
-
-
-def warm_accuracy(run: study.Run) -> float:
-    """Held-out greedy accuracy before the first RL step: the warm start's, on this seed's held-out set."""
-    steps, acc = run.series("eval/accuracy_greedy", "step")
-    return float(acc[0]) if steps.size and steps[0] == 0 else math.nan
-
-
-def held_out_gain(run: study.Run) -> float:
-    """Held-out greedy accuracy over the last 20% of the run minus the warm start's."""
-    return final_accuracy(run) - warm_accuracy(run)
 
 
 def retention(k: int) -> protocol.Contrast:

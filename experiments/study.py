@@ -62,6 +62,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import math
 import os
 import pathlib
 import platform
@@ -231,6 +232,17 @@ def reward(run: Run) -> float:
 def final_accuracy(run: Run, bucket: str = "") -> float:
     """Held-out greedy accuracy over the last 20% of the run (on one length bucket's problems, if named)."""
     return run.mean("eval/accuracy_greedy" + (f"@{bucket}" if bucket else ""), 0.8)
+
+
+def warm_accuracy(run: Run) -> float:
+    """Held-out greedy accuracy before the first RL step: the warm start's, on this seed's held-out set."""
+    steps, acc = run.series("eval/accuracy_greedy", "step")
+    return float(acc[0]) if steps.size and steps[0] == 0 else math.nan
+
+
+def held_out_gain(run: Run) -> float:
+    """Held-out greedy accuracy over the last 20% of the run minus the warm start's."""
+    return final_accuracy(run) - warm_accuracy(run)
 
 
 class Results(dict):

@@ -35,7 +35,7 @@ from grpo_jax.envs.calculator import CalculatorConfig
 
 import protocol
 import study
-from study import final_accuracy
+from study import final_accuracy, held_out_gain
 from warm_start import WarmStart, answer_only
 
 GTPO = "arXiv 2511.14846 (GTPO)"
@@ -57,18 +57,12 @@ WARM_START = WarmStart(accuracy=0.2, batch_size=32, eval_every=25, max_steps=400
 NO_TOOL_WARM_START = WarmStart(accuracy=1.0, batch_size=32, eval_every=100, max_steps=100, target=answer_only)
 
 
-def gain(run) -> float:
-    """Held-out greedy accuracy, the last 20% of the run minus the warm start's (step 0)."""
-    steps, acc = run.series("eval/accuracy_greedy", "step")
-    return final_accuracy(run) - float(acc[steps == 0][0]) if acc.size else float("nan")
-
-
 CLAIMS = (
     protocol.Claim(
         "RL with the calculator raises held-out accuracy above the no-tool ceiling",
         source="issue 39; tool-integrated RL (e.g. ToRL, arXiv 2503.23383)",
         paper="a model that cannot compute the answer learns to call a tool for it, and RL raises the rate",
-        halves=(protocol.Level("held-out greedy accuracy gain over the warm start, with the tool", gain, "gspo_token", 0.0),
+        halves=(protocol.Level("held-out greedy accuracy gain over the warm start, with the tool", held_out_gain, "gspo_token", 0.0),
                 protocol.Difference("held-out greedy accuracy, last 20%", final_accuracy, "gspo_token", "no_tool"))),
     protocol.Claim(
         "Turn-level credit (discounted turn returns) trains better than trajectory-level credit",
@@ -84,7 +78,7 @@ claims = protocol.judging(CLAIMS, NULL)
 
 TABLE = {
     "held-out greedy accuracy, last 20%": final_accuracy,
-    "held-out accuracy gain over the warm start": gain,
+    "held-out accuracy gain over the warm start": held_out_gain,
     "training reward, mean over the run": lambda r: r.mean("reward/mean"),
     "tool-call rate, first 10% of steps": lambda r: r.mean("env/tool_call_rate", 0.0, 0.1),
     "tool-call rate, last 20%": lambda r: r.mean("env/tool_call_rate", 0.8),
