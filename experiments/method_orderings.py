@@ -214,6 +214,7 @@ claims = protocol.judging(CLAIMS, NULL)
 
 
 def log_of(key: str):
+    """A table row: the log of a positive per-step metric, mean over the steps past 10% of the run."""
     return lambda run: float(np.log(run.mean(key, 0.1))) if run.mean(key, 0.1) > 0 else float("nan")
 
 
