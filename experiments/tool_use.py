@@ -15,11 +15,17 @@ Arms, on the same data, compute and seeds:
 - gspo_token_turn: the same with turn-level credit (algorithm.turn_discount=0.9: GTPO, arXiv 2511.14846);
 - gspo: the null partner of gspo_token (one objective at sequence-level advantages, its own rollouts);
 - no_tool: gspo_token without the calculator (reward "exact" on a single turn), its own warm start
-  on the answers alone (which it cannot learn): the no-tool ceiling.
+  on the answers alone (which it cannot learn): the no-tool ceiling;
+- gspo_token_shaped, gspo_token_turn_shaped: the two credits again with a turn-level reward, a call that
+  the calculator answers earns CALL_REWARD (`env.call_reward`; GTPO's turn-level reward assignment),
+  each at its unshaped arm's rate (`rate_from`; gspo_token's is the null pair's, gspo's: the bonus is
+  small beside the outcome's 1).
 With rewards only at the end, turn-level credit differs from trajectory-level credit only where the
 trajectories of a group differ in their number of turns (a turn's return is the final reward
 discounted by the turns after it, standardized among the same turn of the group): the design lets the
-GTPO claim fail.
+GTPO claim fail. With the call reward, a call turn's return is its own reward plus the discounted
+outcome, GTPO's setting; the shaped pair and its claim were added after the --quick run, before any
+full run.
 
 Measured per step: training reward, tool-call rate (env/tool_call_rate: trajectories with an observation)
 and turns; held-out greedy accuracy (solved with or without the tool) every 10 steps.
@@ -40,11 +46,14 @@ from warm_start import WarmStart, answer_only
 
 GTPO = "arXiv 2511.14846 (GTPO)"
 NULL = ("gspo", "gspo_token")
+CALL_REWARD = 0.2  # a call the calculator answers, in the shaped arms
 ARMS = {
     "gspo_token": ["algorithm.preset=gspo_token"],
     "gspo_token_turn": ["algorithm.preset=gspo_token", "algorithm.turn_discount=0.9"],
     "gspo": ["algorithm.preset=gspo"],
     "no_tool": ["algorithm.preset=gspo_token", "env=none", "reward.names=exact"],
+    "gspo_token_shaped": ["algorithm.preset=gspo_token", f"env.call_reward={CALL_REWARD}"],
+    "gspo_token_turn_shaped": ["algorithm.preset=gspo_token", "algorithm.turn_discount=0.9", f"env.call_reward={CALL_REWARD}"],
 }
 
 
@@ -70,6 +79,13 @@ CLAIMS = (
         paper="GTPO above GRPO by 3.0% on average over math benchmarks",
         halves=(protocol.Difference("held-out greedy accuracy, last 20%", final_accuracy, "gspo_token_turn",
                                     "gspo_token"),)),
+    protocol.Claim(
+        "With a turn-level reward (a call that the tool answers earns 0.2), turn-level credit trains better than "
+        "trajectory-level credit",
+        source=f"{GTPO}, sec. 3 (turn-level reward assignment and return-based advantages) and Table 1",
+        paper="GTPO above GRPO by 3.0% on average over math benchmarks",
+        halves=(protocol.Difference("held-out greedy accuracy, last 20%, with the call reward", final_accuracy,
+                                    "gspo_token_turn_shaped", "gspo_token_shaped"),)),
 )
 
 
@@ -103,6 +119,7 @@ def get_study(quick: bool) -> study.Study:
         name="tool_use",
         arms={name: override(base, changes) for name, changes in ARMS.items()},
         **study.sized(quick, (1.5e-4, 5e-4, 1.5e-3)),
+        rate_from={"gspo_token_shaped": ("gspo", 1.0), "gspo_token_turn_shaped": ("gspo_token_turn", 1.0)},
         null_pair=NULL,
         warm_start={arm: NO_TOOL_WARM_START if arm == "no_tool" else WARM_START for arm in ARMS},
         warm_start_seed=0,

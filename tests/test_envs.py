@@ -22,6 +22,13 @@ def test_calculator_answers_calls_and_grades_the_final_answer():
     assert calc.step(State(EXAMPLE, last=True), "[123*45]") == Step("", 0.0, True)
 
 
+def test_a_tool_call_that_answers_earns_the_call_reward():
+    calc = envs.ENVS["calculator"](call_reward=0.25)
+    assert calc.step(State(EXAMPLE), "123*45=[123*45]") == Step("5535", 0.25, False)
+    assert calc.step(State(EXAMPLE), "[1/0]").reward == 0.0  # a failed call earns nothing
+    assert calc.step(State(EXAMPLE, ("[123*45]",), ("5535",)), "so 5535") == Step("", 1.0, True)
+
+
 @pytest.mark.parametrize("call,why", [
     ("[12*/3]", "not an expression"),
     ("[1/0]", "ZeroDivisionError"),

@@ -95,11 +95,14 @@ def register(name: str):
 @dataclasses.dataclass(frozen=True)
 class ToolEnv(EnvConfig):
     """A turn that ends with `call_end` is a tool call: the text after its last `call_start` goes to
-    `call`, whose answer (or the error it raised) is the observation, reward 0. Any other turn is the
-    answer: reward 1 if its last number (or marked answer) equals example["answer"], else 0; done."""
+    `call`, whose answer is the observation, with reward `call_reward` (a turn-level reward, as GTPO's,
+    arXiv 2511.14846; 0 by default: the return is the outcome alone), or the error it raised, reward 0.
+    Any other turn is the answer: reward 1 if its last number (or marked answer) equals
+    example["answer"], else 0; done."""
 
     call_start: str = "["
     call_end: str = "]"
+    call_reward: float = 0.0
 
     def call(self, query: str) -> str:
         raise NotImplementedError(f"{type(self).__name__} must define call(query)")
@@ -111,7 +114,7 @@ class ToolEnv(EnvConfig):
         if not start:
             return Step(f"error: no {self.call_start}", 0.0, False)
         try:
-            return Step(self.call(query.strip()), 0.0, False)
+            return Step(self.call(query.strip()), self.call_reward, False)
         except Exception as e:  # noqa: BLE001 (a tool's failure is what the policy sees, never a crash)
             return Step(f"error: {_plain(f'{type(e).__name__}: {e}')}", 0.0, False)
 
