@@ -220,7 +220,6 @@ TABLE = {
     "clipped tokens, low side": lambda r: r.mean("clip_frac_low_tokens"),
     "clipped tokens, high side": lambda r: r.mean("clip_frac_high_tokens"),
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

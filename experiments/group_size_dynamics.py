@@ -186,7 +186,6 @@ TABLE = {
     "training reward fluctuation (residual variance x 1e3)": lambda r: 1e3 * fluctuation(r, "damped"),
     "rollouts sampled (thousands)": lambda r: rollouts(r) / 1e3,
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

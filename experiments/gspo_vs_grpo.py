@@ -120,7 +120,6 @@ TABLE = {
     **{f"completion length, {q} (mean over the run)": (lambda r, q=q: r.mean(f"completion/length_{q}"))
        for q in ("mean", "p10", "p50", "p90")},
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

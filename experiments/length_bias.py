@@ -95,7 +95,6 @@ TABLE = {
     "truncated completions, last 20% (fraction)": lambda r: r.mean("completion/truncated_frac", 0.8),
     "training accuracy, last 20%": lambda r: r.mean("accuracy", 0.8),
     "held-out greedy accuracy, last 20%": final_accuracy,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

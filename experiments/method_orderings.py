@@ -232,7 +232,6 @@ TABLE = {
     "optimizer updates": lambda r: r.last("updates"),
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

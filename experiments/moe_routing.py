@@ -113,7 +113,6 @@ TABLE = {
     "collapsed (fraction of seeds)": protocol.collapsed,
     "skipped (non-finite) updates": lambda r: float(sum(row.get("skipped_updates", 0) for row in r.rows)),
     "completion length, mean (mean over the run)": lambda r: r.mean("completion/length_mean"),
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

@@ -229,7 +229,6 @@ TABLE = {
     "advantage std": lambda r: r.mean("advantage/std"),
     "completion length": lambda r: r.mean("completion/length_mean"),
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

@@ -137,7 +137,6 @@ TABLE = {
     "groups with one label (zero reward variance), fraction": lambda r: r.mean("groups/zero_variance_frac"),
     "advantage std": lambda r: r.mean("advantage/std"),
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

@@ -197,7 +197,6 @@ TABLE = {
     "groups with one reward (zero variance), fraction": lambda r: r.mean("groups/zero_variance_frac"),
     "clipped tokens, fraction": lambda r: r.mean("clip_frac_low_tokens") + r.mean("clip_frac_high_tokens"),
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

@@ -120,7 +120,6 @@ TABLE = {
        for q in ("mean", "p10", "p50", "p90")},
     "rollout batches drawn per step": lambda r: r.mean("groups/gen_rounds"),
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

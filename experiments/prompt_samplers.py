@@ -210,7 +210,6 @@ TABLE = {
     "completions generated (thousands)": lambda r: rollouts(r)[-1] / 1e3,
     "completion tokens generated (thousands)": lambda r: tokens(r) / 1e3,
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

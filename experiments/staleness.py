@@ -166,7 +166,6 @@ TABLE = {
     "correction weight, mean (where one runs)": lambda r: r.mean("tis_weight_mean"),
     "correction's zeroed fraction (where one runs)": lambda r: r.mean("tis_masked_frac"),
     "collapsed (fraction of seeds)": protocol.collapsed,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 

@@ -113,7 +113,8 @@ class Study:
     # trained with that seed, that every run starts from (the selection's too), as a paper's seeds share
     # one base model: the seeds then vary only the RL run, and a study pays for one warm start, not one per seed.
     warm_start_seed: int | None = None
-    table: Mapping[str, Callable[["Run"], float]] = dataclasses.field(default_factory=dict)  # label -> number
+    # label -> number per run; the harness ends every table with each run's wall time (WALL_SECONDS)
+    table: Mapping[str, Callable[["Run"], float]] = dataclasses.field(default_factory=dict)
     plots: tuple[Plot, ...] = ()
     derive: Mapping[str, Callable[[dict], float | None]] = dataclasses.field(default_factory=dict)  # row metrics
     # Analysis beyond the table and plots (fits, a toy model): (results, results_dir) -> markdown that
@@ -515,6 +516,9 @@ def configs(study: Study) -> dict:
                                      for arm, cfg in study.arms.items()}}
 
 
+WALL_SECONDS = {"wall seconds per run (shared machine)": lambda run: run.wall_seconds}  # every study's last row
+
+
 def analyse(study: Study, claims: Callable[["Results"], list[dict]], stored: dict) -> tuple[dict, "Results"]:
     """Everything judged from the stored runs (`read_curves`), the same at the first judgement and at
     --rejudge: the learning-rate selection, the claims, the table and each run's collapse check."""
@@ -525,7 +529,8 @@ def analyse(study: Study, claims: Callable[["Results"], list[dict]], stored: dic
         claim(**c)  # validates
     analysis = {
         "claims": judged,
-        "table": {arm: {label: study_values(results, arm, fn) for label, fn in study.table.items()} for arm in results},
+        "table": {arm: {label: study_values(results, arm, fn) for label, fn in {**study.table, **WALL_SECONDS}.items()}
+                  for arm in results},
         "collapse": {arm: {str(r.seed): protocol.collapse(r) for r in runs} for arm, runs in results.items()},
         "learning_rate_selection": selection,
     }
@@ -645,7 +650,7 @@ def table_md(study: Study, summary: dict) -> str:
     if summary["protocol"]["deviations"]:
         lines += ["", "**Not under the full protocol** (experiments/protocol.py): "
                   + "; ".join(summary["protocol"]["deviations"]) + "."]
-    if study.table:
+    if summary["table"]:
         lines += ["", f"Mean ± std over {n} seed(s) {list(study.seeds)}:", "", *table_rows(summary)]
     load, git = summary["load_average_1_5_15min"], summary["git"]
     resumed = sum(r["resumed"] for part in summary["runs"].values() for runs in part.values() for r in runs.values())

@@ -101,7 +101,6 @@ TABLE = {
     "held-out tool-call rate, last 20%": lambda r: r.mean("eval/tool_call_rate", 0.8),
     "turns per trajectory, last 20%": lambda r: r.mean("env/turns_mean", 0.8),
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
-    "wall seconds per run (shared machine)": lambda r: r.wall_seconds,
 }
 
 
