@@ -11,10 +11,26 @@ import pytest
 
 from grpo_jax import models, sampling, sharding
 from grpo_jax.config import MeshConfig, SamplingConfig
+import kernels
 from kernels import slot_attention
 
 DENSE = models.ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2,
                            num_heads=4, num_kv_heads=2, head_dim=8, eos_token_id=5)
+
+
+@pytest.fixture
+def kernel_traces(monkeypatch):
+    """The `interpret` flag of each trace of kernels.slot_attention: True where CPU runs the kernel (a path
+    that silently took the plain attention would pass the equality tests below); False where only the
+    TPU branch of decode_attention="auto" was traced, never lowered here."""
+    traces = []
+
+    def counted(*args, **kwargs):
+        traces.append(kwargs["interpret"])
+        return slot_attention(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "slot_attention", counted)
+    return traces
 
 
 def reference(q, pk, pv, valid, prompt, kb, vb, written, layer=None):
@@ -82,7 +98,8 @@ def test_a_slot_reads_only_its_own_written_blocks():
 
 @pytest.mark.parametrize("layer_loop,kv_heads,mesh", [("scan", 2, None), ("unrolled", 1, None), ("scan", 2, (2, 2))],
                          ids=["scan-gqa", "unrolled-one-kv-head", "scan-gqa-mesh"])
-def test_the_sampler_with_the_kernel_samples_what_the_plain_path_does(layer_loop, kv_heads, mesh, monkeypatch):
+def test_the_sampler_with_the_kernel_samples_what_the_plain_path_does(layer_loop, kv_heads, mesh, monkeypatch,
+                                                                     kernel_traces):
     """Slot blocks of 8 own places (`SLOT_BLOCK` lowered from 256 for the interpreter's sake), rows of up to
     20 tokens ending in different blocks, 3 slots (4 on the mesh) refilled as rows end, G = 2: the same tokens and log-probs
     with decode_attention="pallas" (interpreted) as with "xla", also on a mesh of 2 data x 2 tensor devices,
@@ -94,6 +111,7 @@ def test_the_sampler_with_the_kernel_samples_what_the_plain_path_does(layer_loop
                           temperature=3.0)
     prompts = sampling.pad_prompts([[1, 7, 9], [11, 12, 13, 14, 15, 16], [20], [30, 31]], scfg)
     plain = sampling.generate(cfg, params, prompts, jax.random.key(3), scfg)
+    assert True not in kernel_traces
     kernel_cfg = dataclasses.replace(cfg, decode_attention="pallas")
     if mesh is None:
         out = sampling.generate(kernel_cfg, params, prompts, jax.random.key(3), scfg)
@@ -101,6 +119,7 @@ def test_the_sampler_with_the_kernel_samples_what_the_plain_path_does(layer_loop
         m = sharding.make_mesh(MeshConfig(data=mesh[0], tensor=mesh[1]), jax.devices()[:4])
         out = sampling.generate(kernel_cfg, models.shard_params(params, cfg, m), sharding.global_batch(prompts, m),
                                 jax.random.key(3), scfg, mesh=m)
+    assert True in kernel_traces  # the kernel ran, interpreted
     assert models.slot_blocks(19) == (3, 8) and len({(n - 1) // 8 for n in np.asarray(plain.lengths).tolist()}) > 1
     np.testing.assert_array_equal(out.tokens, plain.tokens)
     np.testing.assert_allclose(out.logprobs, plain.logprobs, rtol=0, atol=2e-5)
@@ -115,3 +134,25 @@ def test_pallas_decode_attention_is_refused_where_it_cannot_run(monkeypatch):
                           jax.random.key(0), scfg)
     with pytest.raises(ValueError, match="decode_attention='fast' is not understood"):
         dataclasses.replace(DENSE, decode_attention="fast")
+
+
+def test_a_bfloat16_decode_step_is_the_plain_paths_to_bfloat16_rounding(kernel_traces):
+    """A bfloat16 sampler's step (bf16 keys, values and queries; logits and softmax in float32 on both
+    paths): the kernel's hidden states are the plain path's within bfloat16 rounding, slots written into
+    different blocks (`SLOT_BLOCK` 8)."""
+    cfg = dataclasses.replace(DENSE, compute_dtype="bfloat16", layer_loop="scan")
+    params = models.init(cfg, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 96, (2, 6)), jnp.int32)
+    _, kv, _ = models.prefill(cfg, params, tokens, jnp.tile(jnp.arange(6), (2, 1)), jnp.ones((2, 6), jnp.int32))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(models.decoder, "SLOT_BLOCK", 8)
+        cache = models.init_cache(cfg, kv, jnp.ones((2, 6), bool), 4, 24)
+        assert len(cache["k"]) == 3  # blocks of 8 places
+        cache = {**cache, **{n: [jnp.asarray(np.random.default_rng(i).normal(size=b.shape), b.dtype)
+                                 for i, b in enumerate(cache[n])] for n in ("k", "v")}}  # every place "written"
+        args = (jnp.arange(4) + 3, jnp.array([6, 9, 20, 29]), jnp.array([0, 3, 14, 23]), jnp.array([[0, 0, 1, 1]]))
+        plain, _, _ = models.decode(cfg, params, cache, *args)
+        assert True not in kernel_traces  # "auto" traces the TPU branch only
+        kernel, _, _ = models.decode(dataclasses.replace(cfg, decode_attention="pallas"), params, cache, *args)
+    assert True in kernel_traces  # "pallas" ran it, interpreted
+    np.testing.assert_allclose(np.asarray(kernel, np.float32), np.asarray(plain, np.float32), rtol=0, atol=0.02)
