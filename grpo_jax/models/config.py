@@ -31,7 +31,8 @@ def check_run_fields(options, owner: str) -> None:
     from grpo_jax.models.decoder import ATTENTION, MOE  # the registries live with the kernels
 
     known = {"dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT, "attention": tuple(ATTENTION),
-             "decode_attention": DECODE_ATTENTION, "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS), "layer_loop": LAYER_LOOPS}
+             "decode_attention": DECODE_ATTENTION, "moe_impl": tuple(MOE), "logprobs_impl": ("auto", *kernels.LOGPROBS_IMPLS),
+             "layer_loop": LAYER_LOOPS}
     for field, choices in known.items():
         value = getattr(options, field)
         if value not in choices:
