@@ -146,7 +146,7 @@ def load_problems(cfg: EvalConfig, benchmarks: Sequence[Benchmark], model: model
     """Every benchmark's problems, rendered and tokenized, with every user error raised: an unknown or
     non-correctness reward, an empty or short set, an example the checker cannot read, a prompt longer
     than sampling.max_prompt_len, a sequence longer than the model, decode slots the mesh cannot split."""
-    shards = math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    shards = sharding.batch_shards(mesh)
     chat = getattr(tokenizer, "apply_chat_template", None)
     out = []
     for b in benchmarks:
@@ -270,7 +270,7 @@ def sample_set(p: Problems, model: models.ModelConfig, params, tokenizer, mesh, 
     samples with `key`, call c > 0 with fold_in(key, c). Rows are problem-major, given once per row
     (`sampling.rollout_rows`, as rollouts are); each process passes, decodes and scores only the rows its
     devices hold (`sharding.process_rows`), and the records are gathered (`distributed.all_gather_json`)."""
-    shards = math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    shards = sharding.batch_shards(mesh)
     b, n, size = p.benchmark, p.benchmark.sampling.group_size, len(p.examples)
     per_call = min(-(-batch_problems // shards), -(-size // shards)) * shards
     fns, weights = [r.fn for r in p.rewards], np.asarray(p.weights)

@@ -237,7 +237,7 @@ def rollout(
     keys = np.asarray(jax.random.key_data(sampling.row_keys(rng, n // g, g)))[mine]
     cache = jax.jit(functools.partial(_init_cache, cfg, n, width + budget),
                     out_shardings=None if mesh is None else _cache_shardings(mesh))()
-    shards = rows * (1 if mesh is None else math.prod(mesh.shape[a] for a in sharding.RULES["batch"])) // n
+    shards = rows * sharding.batch_shards(mesh) // n  # this process's batch devices
     chunk = np.zeros((rows, width), np.int32)  # right-aligned: a turn's new tokens come first
     for b in range(rows):
         chunk[b, : lengths[b]] = prompts[b, width - lengths[b]:]

@@ -194,5 +194,4 @@ def _to_packed(packing: Packing, x, shift: int, fill):
 
 def _batch_shards() -> int:
     """Devices the `batch` rule splits rows over in the mesh traced under (1 without one)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty else math.prod(mesh.shape.get(a, 1) for a in sharding.RULES["batch"])
+    return sharding.batch_shards(jax.sharding.get_abstract_mesh())

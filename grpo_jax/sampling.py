@@ -11,7 +11,6 @@ samples whatever the slots, the batch composition or the sharding.
 
 import dataclasses
 import functools
-import math
 import typing
 
 import jax
@@ -236,7 +235,7 @@ def _decoding_params(cfg: ModelConfig, params, mesh: Mesh | None):
 def lanes(mesh: Mesh | None, rows: int, slots: int) -> int:
     """The number of lanes of a rollout: the devices its rows are split over (1 without a mesh). Each
     lane decodes its own consecutive block of rows, on its own slots, from its own copy of their prompts."""
-    n = 1 if mesh is None else math.prod(mesh.shape[a] for a in sharding.RULES["batch"])
+    n = sharding.batch_shards(mesh)
     if rows % n or slots % n:
         raise ValueError(
             f"{rows} rows and {slots} decode slots (SamplingConfig.decode_slots) must both divide over the "

@@ -336,11 +336,16 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(RULES["batch"], *([None] * (ndim - 1))))
 
 
+def batch_shards(mesh) -> int:
+    """The devices the `batch` rule splits rows over: of a Mesh or AbstractMesh; 1 without one (None or empty)."""
+    return 1 if mesh is None or mesh.empty else math.prod(mesh.shape.get(a, 1) for a in RULES["batch"])
+
+
 def process_rows(mesh: Mesh, n: int) -> np.ndarray:
     """The rows of an n-row batch split by the `batch` rule that this process's devices hold, ascending:
     the rows it samples, scores and feeds (all of them in a one-process run; processes whose devices
     differ only along other mesh axes hold the same rows)."""
-    shards = math.prod(mesh.shape[a] for a in RULES["batch"])
+    shards = batch_shards(mesh)
     if n % shards:
         raise ValueError(
             f"a batch of {n} rows does not divide over the {RULES['batch']} mesh axes ({shards} devices); "
@@ -396,6 +401,7 @@ __all__ = [
     "RULES",
     "WEIGHT_AXES",
     "activation_rules",
+    "batch_shards",
     "batch_sharding",
     "check_replicated",
     "gather",

@@ -341,7 +341,7 @@ class Trainer:
                 f"a minibatch of {self.rows // tr.minibatches} rows does not split over the {shards} devices of the "
                 f"batch mesh axes {sharding.RULES['batch']}; change the batch sizes or the MeshConfig"
             )
-        self.gen_shards = math.prod(self.gen_mesh.shape[a] for a in sharding.RULES["batch"])
+        self.gen_shards = sharding.batch_shards(self.gen_mesh)
         if self.sampler_mesh is not None and self.rows // tr.minibatches % self.gen_shards:
             raise ValueError(
                 f"mesh.sampler={cfg.mesh.sampler}: a minibatch of {self.rows // tr.minibatches} rows does not split over "

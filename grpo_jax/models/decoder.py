@@ -25,8 +25,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 import kernels
-from grpo_jax.models.config import ModelConfig
 from kernels._launch import per_platform
+from grpo_jax.models.config import ModelConfig
 from grpo_jax.sharding import ParamSpec, is_spec, logical_spec, spec_shardings, tree_shardings
 from grpo_jax.typecheck import checked
 
