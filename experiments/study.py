@@ -632,6 +632,17 @@ def number(v) -> str:
     return "n/a" if v is None else f"{v:.4g}"
 
 
+def sweep_edge(choice: dict) -> str | None:
+    """"lowest" or "highest" when an arm's own choice (`select_rates`) is that end of the sweep and
+    strictly ahead of every other rate: the best rate may then lie outside the sweep. None otherwise
+    (a rate inside, a tie, or a rate taken from another arm)."""
+    means = {float(lr): np.nan_to_num(np.float64(v["mean"] if v["mean"] is not None else np.nan), nan=-np.inf)
+             for lr, v in choice.get("per_rate", {}).items()}  # a diverged rate (nan, or None once stored) is behind
+    ends = {min(means, default=None): "lowest", max(means, default=None): "highest"}
+    ahead = all(v < means[choice["chosen"]] for lr, v in means.items() if lr != choice["chosen"])
+    return ends.get(choice["chosen"]) if means and ahead else None
+
+
 def table_md(study: Study, summary: dict) -> str:
     n = len(study.seeds)
     lines = [f"# {study.name}{' (quick)' if study.quick else ''}", "", *claims_md(summary["claims"])]
@@ -639,9 +650,14 @@ def table_md(study: Study, summary: dict) -> str:
         lines += ["", f"Learning rate per arm, chosen on seeds {list(study.selection_seeds)} by {study.select_rule} "
                   "(mean over those seeds per rate):", "", "| arm | " + " | ".join(f"{lr:g}" for lr in study.learning_rates)
                   + " | chosen |", "|---" * (len(study.learning_rates) + 2) + "|"]
+        selection = summary["learning_rate_selection"]
+        edges = {arm: sweep_edge(s) for arm, s in selection.items()}
         lines += [f"| {arm} | " + " | ".join(number(s["per_rate"][f"{lr:g}"]["mean"]) if "per_rate" in s else "-"
-                                           for lr in study.learning_rates) + f" | {s['chosen']:g} |"
-                  for arm, s in summary["learning_rate_selection"].items()]
+                                           for lr in study.learning_rates) + f" | {s['chosen']:g}"
+                  + (f" ({edges[arm]} swept)" if edges[arm] else "") + " |" for arm, s in selection.items()]
+        if any(edges.values()):
+            lines += ["", "A rate chosen at the sweep's edge may be beaten by one outside it: that arm's comparison "
+                      "is at the best rate swept, not necessarily its best rate."]
     collapsed = {arm: [seed for seed, c in runs.items() if c["collapsed"]] for arm, runs in summary["collapse"].items()}
     lines += ["", "Collapsed runs (held-out greedy accuracy over the last 20% more than two standard errors below the "
               "warm start's, or the smoothed training reward below half its peak): "

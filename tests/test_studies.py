@@ -488,6 +488,12 @@ def test_learning_rates_are_chosen_per_arm_and_followed():
     assert {a: c["chosen"] for a, c in chosen.items()} == {"grpo": 1e-4, "gspo": 3e-5, "gspo_token": 3e-5,
                                                            "grpo_hot": pytest.approx(3e-4)}
     assert chosen["grpo"]["per_rate"]["0.0001"] == {"per_seed": [0.3, 0.3], "mean": 0.3}
+    # the table marks a choice at the sweep's end (strictly ahead; not a tie, nor a followed rate)
+    assert [study.sweep_edge(chosen[a]) for a in ("grpo", "gspo", "gspo_token", "grpo_hot")] == [None] * 4
+    lowest = {"chosen": 3e-5, "per_rate": {"3e-05": {"mean": 0.4}, "0.0001": {"mean": 0.3}, "0.0003": {"mean": None}}}
+    assert study.sweep_edge(lowest) == "lowest"
+    highest = {"chosen": 3e-4, "per_rate": {"3e-05": {"mean": 0.1}, "0.0001": {"mean": 0.3}, "0.0003": {"mean": 0.31}}}
+    assert study.sweep_edge(highest) == "highest"
     assert study.evaluated_arms(s, chosen)["grpo_hot"].optim.learning_rate == pytest.approx(3e-4)
     with pytest.raises(ValueError, match="rate_from\\['grpo_hot'\\] = 'gspo_hot'"):
         dataclasses.replace(s, rate_from={"grpo_hot": ("gspo_hot", 2.0)})
