@@ -11,8 +11,9 @@ recomputes every verdict from the committed data):
   `Ratio` (log10 of a's metric over b's, t = log10(at_least)), `Contrast` (a weighted sum of several
   arms' metrics whose weights sum to 0, e.g. a difference of differences), `Level` (one arm's metric
   against a threshold, either side).
-- It holds if the one-sided exact sign test of q_s > t gives p <= ALPHA over the evaluation seeds (ties
-  dropped; 8 seeds need 7 above), and the mean of q - t clears the noise floor.
+- It holds if the one-sided exact sign test of q_s > t (q_s < t for a `Level` claimed below) gives
+  p <= ALPHA over the evaluation seeds (ties dropped; 8 seeds need 7 on the claimed side), and the mean's
+  distance past t clears the noise floor. summary.json keeps q_s, its mean and interval as measured.
 - The noise floor of a comparative half (`Difference`, `Ratio`, `Contrast`) is the same quantity between the study's
   null-control pair, two arms with one objective (GSPO and GSPO-token at sequence-level advantages,
   the second drawing its own rollouts: study.Study.null_pair): the larger end, in absolute value, of
@@ -72,6 +73,7 @@ class Difference:
     b: str
     at_least: float = 0.0
     comparative = True
+    side = 1  # claimed above the target
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -126,10 +128,14 @@ class Level:
 
     @property
     def target(self) -> float:
-        return self.threshold if self.above else -self.threshold
+        return self.threshold
+
+    @property
+    def side(self) -> int:
+        return 1 if self.above else -1
 
     def values(self, results) -> np.ndarray:
-        return results.values(self.arm, self.metric) * (1 if self.above else -1)
+        return results.values(self.arm, self.metric)
 
     def describe(self) -> str:
         return f"{self.label}: {self.arm} {'above' if self.above else 'below'} {self.threshold:g}"
@@ -145,6 +151,7 @@ class Contrast:
     weights: tuple[tuple[str, float], ...]
     at_least: float = 0.0
     comparative = True
+    side = 1
 
     def __post_init__(self):
         if abs(sum(w for _, w in self.weights)) > 1e-9 or len({a for a, _ in self.weights}) != len(self.weights):
@@ -195,18 +202,19 @@ class Claim:
 
 
 def judge_half(half: Half, results, null_pair: tuple[str, str] | None) -> dict:
-    """The half's per-seed inputs, test, interval, floor and whether it holds."""
-    q = half.values(results)
+    """The half's per-seed inputs, test, interval, floor and whether it holds. The inputs, mean and
+    interval are the measured quantity's; the test and the floor look from its claimed side."""
+    q, side = half.values(results), half.side
     lo, hi = bootstrap_interval(q)
     floor = None
     if half.comparative and null_pair and set(null_pair) <= set(results):
         floor = max(map(abs, bootstrap_interval(half.between(*null_pair).values(results))))
-    p, excess = sign_test(q, half.target), float(q.mean() - half.target)
+    p, excess = sign_test(side * q, side * half.target), float(side * (q.mean() - half.target))
     # A comparison without its null pair has no floor, and cannot hold.
     clears = (floor is not None and excess > floor) if half.comparative else excess > 0
     return {"half": half.describe(), "per_seed": [float(v) for v in q], "mean": float(q.mean()),
-            "interval_95": [lo, hi], "sign_test_p": p, "seeds_above": int((q > half.target).sum()),
-            "noise_floor": floor, "holds": bool(p <= ALPHA and clears)}
+            "interval_95": [lo, hi], "sign_test_p": p, f"seeds_{'above' if side > 0 else 'below'}":
+            int((side * q > side * half.target).sum()), "noise_floor": floor, "holds": bool(p <= ALPHA and clears)}
 
 
 def judge(claim: Claim, results, null_pair: tuple[str, str] | None) -> dict:
@@ -218,9 +226,10 @@ def judge(claim: Claim, results, null_pair: tuple[str, str] | None) -> dict:
         halves = [judge_half(h, results, null_pair) for h in claim.halves]
         held = sum(h["holds"] for h in halves)
         verdict = "reproduced" if held == len(halves) else "partial" if held else "not_reproduced"
+    side = lambda h: "below" if "seeds_below" in h else "above"  # noqa: E731  (the side the half claims)
     measured = "; ".join(
         f"{h['half']}: mean {h['mean']:.4g} (95% interval {h['interval_95'][0]:.3g} to {h['interval_95'][1]:.3g}), "
-        f"{h['seeds_above']} of {len(h['per_seed'])} seeds above, p = {h['sign_test_p']:.3g}"
+        f"{h[f'seeds_{side(h)}']} of {len(h['per_seed'])} seeds {side(h)}, p = {h['sign_test_p']:.3g}"
         + (f", noise floor {h['noise_floor']:.3g}" if h["noise_floor"] is not None else "")
         + (" -> holds" if h["holds"] else " -> fails") for h in halves) or "its arms were not run"
     return {"claim": claim.claim, "source": claim.source, "paper": claim.paper, "rule": claim.rule(),

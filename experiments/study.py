@@ -589,7 +589,19 @@ def rejudge(study: Study, claims: Callable[["Results"], list[dict]], results_dir
         raise ValueError(f"{results_dir}: the study's configs changed since these results were written ({changed}); "
                          "rerun the study, or check out the commit in summary.json's git.commit")
     analysis, _ = analyse(study, claims, read_curves(results_dir / CURVES))
-    return [k for k, v in analysis.items() if summary[k] != v]
+    return [k for k, v in analysis.items() if not agrees(summary[k], v)]
+
+
+def agrees(stored, now) -> bool:
+    """Equal, floats to 1e-9 relative: a rejudgement on another CPU or numpy sums in another order, which
+    moves the last bits of a mean (never a verdict, which the strings and booleans carry exactly)."""
+    if isinstance(stored, dict) and isinstance(now, dict):
+        return stored.keys() == now.keys() and all(agrees(stored[k], now[k]) for k in stored)
+    if isinstance(stored, list) and isinstance(now, list):
+        return len(stored) == len(now) and all(map(agrees, stored, now))
+    if isinstance(stored, float) and isinstance(now, float):
+        return math.isclose(stored, now, rel_tol=1e-9, abs_tol=1e-15)
+    return stored == now
 
 
 def finite(obj):

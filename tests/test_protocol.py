@@ -125,8 +125,12 @@ def test_ratio_and_level_below():
     assert ratio.values(r) == pytest.approx(np.log10([20, 15, 40 / 3]))
     assert protocol.judge_half(ratio, r, NULL)["seeds_above"] == 3 and ratio.target == 1.0
     below = protocol.Level("x", x, "a", 0.5, above=False)
-    assert protocol.judge_half(below, results({"a": [0.1] * 8}), None)["holds"]
+    low = protocol.judge_half(below, results({"a": [0.1] * 8}), None)
+    assert low["holds"] and low["seeds_below"] == 8 and low["sign_test_p"] == 1 / 256
+    assert low["mean"] == pytest.approx(0.1) and low["per_seed"] == pytest.approx([0.1] * 8)  # as measured, not negated
     assert not protocol.judge_half(below, results({"a": [0.6] * 8}), None)["holds"]
+    measured = protocol.judge(protocol.Claim("c", "s", "p", (below,)), results({"a": [0.1] * 7 + [0.6]}), None)["measured"]
+    assert measured.startswith("x: a below 0.5: mean 0.1625") and "7 of 8 seeds below, p = 0.0352 -> holds" in measured
 
 
 class Cfg:  # the two fields collapse() reads

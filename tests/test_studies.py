@@ -232,6 +232,11 @@ def test_rejudge_finds_a_changed_verdict_and_refuses_a_changed_study(tmp_path):
     summary["claims"][0]["verdict"] = "reproduced" if summary["claims"][0]["verdict"] != "reproduced" else "partial"
     (out / "summary.json").write_text(json.dumps(summary))
     assert study.rejudge(s, gspo_vs_grpo.claims, out) == ["claims"]
+    # another CPU's summation order moves a mean's last bits, never more: that agrees, a real change does not
+    mean = summary["table"]["gspo"]["training reward, mean over the run"]["mean"]
+    assert study.agrees({"m": [mean, "x"]}, {"m": [mean * (1 + 4e-16), "x"]})
+    assert not study.agrees({"m": [mean, "x"]}, {"m": [mean * (1 + 1e-6), "x"]})
+    assert not study.agrees({"m": [mean]}, {"m": [mean, mean]}) and not study.agrees({"v": "holds"}, {"v": "fails"})
     changed = dataclasses.replace(s, arms={a: override(c, ["train.steps=3"]) for a, c in s.arms.items()})
     with pytest.raises(ValueError, match="configs changed since these results were written"):
         study.rejudge(changed, gspo_vs_grpo.claims, out)
