@@ -384,12 +384,17 @@ def select_rates(study: Study, selection: dict) -> dict:
                     for lr in study.learning_rates}
         for v in per_rate.values():
             v["mean"] = float(np.mean(v["per_seed"]))
-        best = max(study.learning_rates, key=lambda lr: (np.nan_to_num(per_rate[f"{lr:g}"]["mean"], nan=-np.inf),
-                                                         -study.learning_rates.index(lr)))  # a diverged rate: last
+        best = max(study.learning_rates, key=lambda lr: (rate_value(per_rate[f"{lr:g}"]["mean"]),
+                                                         -study.learning_rates.index(lr)))
         chosen[arm] = {"per_rate": per_rate, "chosen": best}
     for arm, (source, factor) in followers(study).items():
         chosen[arm] = {"chosen": chosen[source]["chosen"] * factor, "note": f"{factor:g} x the rate chosen for {source}"}
     return {arm: chosen[arm] for arm in study.arms}
+
+
+def rate_value(mean: float | None) -> float:
+    """A rate's mean `select` value as the choice ranks it: a diverged rate (nan, or None once stored) last."""
+    return -np.inf if mean is None or np.isnan(mean) else float(mean)
 
 
 def followers(study: Study) -> dict[str, tuple[str, float]]:
@@ -648,8 +653,7 @@ def sweep_edge(choice: dict) -> str | None:
     """"lowest" or "highest" when an arm's own choice (`select_rates`) is that end of the sweep and
     strictly ahead of every other rate: the best rate may then lie outside the sweep. None otherwise
     (a rate inside, a tie, or a rate taken from another arm)."""
-    means = {float(lr): np.nan_to_num(np.float64(v["mean"] if v["mean"] is not None else np.nan), nan=-np.inf)
-             for lr, v in choice.get("per_rate", {}).items()}  # a diverged rate (nan, or None once stored) is behind
+    means = {float(lr): rate_value(v["mean"]) for lr, v in choice.get("per_rate", {}).items()}
     ends = {min(means, default=None): "lowest", max(means, default=None): "highest"}
     ahead = all(v < means[choice["chosen"]] for lr, v in means.items() if lr != choice["chosen"])
     return ends.get(choice["chosen"]) if means and ahead else None
