@@ -117,8 +117,7 @@ TABLE = {
     "clipped token fraction": clipped,
     "sequences clipped (fraction)": lambda r: r.mean("clip_frac_low") + r.mean("clip_frac_high"),
     **{f"token log-ratio variance, completions of {b} tokens": (lambda r, b=b: token_log_var(r, b)) for b in BUCKETS},
-    **{f"completion length, {q} (mean over the run)": (lambda r, q=q: r.mean(f"completion/length_{q}"))
-       for q in ("mean", "p10", "p50", "p90")},
+    **study.LENGTH_DISTRIBUTION,
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
 }
 

@@ -92,6 +92,7 @@ TABLE = {
     "growth of incorrect completions": incorrect_growth,
     "growth of correct completions": correct_growth,
     "completion length, last 20%": final_length,
+    **study.LENGTH_DISTRIBUTION,
     "truncated completions, last 20% (fraction)": lambda r: r.mean("completion/truncated_frac", 0.8),
     "training accuracy, last 20%": lambda r: r.mean("accuracy", 0.8),
     "held-out greedy accuracy, last 20%": final_accuracy,

@@ -112,7 +112,7 @@ TABLE = {
     "expert load (max / mean)": lambda r: r.mean("routing/expert_load"),
     "collapsed (fraction of seeds)": protocol.collapsed,
     "skipped (non-finite) updates": lambda r: float(sum(row.get("skipped_updates", 0) for row in r.rows)),
-    "completion length, mean (mean over the run)": lambda r: r.mean("completion/length_mean"),
+    **study.LENGTH_DISTRIBUTION,
 }
 
 

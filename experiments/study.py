@@ -235,6 +235,12 @@ def final_accuracy(run: Run, bucket: str = "") -> float:
     return run.mean("eval/accuracy_greedy" + (f"@{bucket}" if bucket else ""), 0.8)
 
 
+# The completion-length distribution a long-completion study's table states: the per-step quantiles the
+# trainer logs (completion/length_*), each averaged over the run.
+LENGTH_DISTRIBUTION = {f"completion length, {q} (mean over the run)": (lambda r, q=q: r.mean(f"completion/length_{q}"))
+                       for q in ("mean", "p10", "p50", "p90")}
+
+
 def warm_accuracy(run: Run) -> float:
     """Held-out greedy accuracy before the first RL step: the warm start's, on this seed's held-out set."""
     steps, acc = run.series("eval/accuracy_greedy", "step")
