@@ -116,8 +116,7 @@ TABLE = {
     "held-out accuracy area (mean over training)": accuracy_area,
     "clipped token fraction": lambda r: r.mean("clip_frac_tokens"),
     "entropy, last 10% of steps": lambda r: r.mean("entropy_mean", 0.9),
-    **{f"completion length, {q} (mean over the run)": (lambda r, q=q: r.mean(f"completion/length_{q}"))
-       for q in ("mean", "p10", "p50", "p90")},
+    **study.LENGTH_DISTRIBUTION,
     "rollout batches drawn per step": lambda r: r.mean("groups/gen_rounds"),
     "completion tokens sampled (thousands)": lambda r: r.last("tokens") / 1e3,
 }

@@ -99,10 +99,11 @@ def presets_markdown() -> str:
         + ".",
         "",
         *parts_markdown(),
-        "## Every preset on one task",
+        "## Presets compared on one task",
         "",
-        "`python experiments/preset_table.py` runs every preset on the quickstart's task and budget "
-        "(60 steps, 3 seeds, one warm start per seed) and writes the table below.",
+        "`python experiments/preset_table.py` runs the presets that the seed papers' accuracy claims compare, "
+        "with the null pair, under the shared protocol (experiments/protocol.py), and writes the table below; "
+        "its first line gives the setting.",
         "",
         STUDY_BEGIN,
         *([study_table(PATH.read_text())] if PATH.exists() and study_table(PATH.read_text()) else []),
